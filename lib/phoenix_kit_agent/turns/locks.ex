@@ -1,0 +1,268 @@
+defmodule PhoenixKitAgent.Turns.Locks do
+  @moduledoc """
+  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL.
+
+    * **The chat's lock** lives in `busy_since` / `busy_turn_ref` of
+      `phoenix_kit_agent_conversations`: one turn at a time per chat.
+    * **The user's lock** lives in the same two columns of
+      `phoenix_kit_agent_user_settings`: one turn in flight per user, across
+      all their chats. A user with no settings row gets an empty one the first
+      time their lock is taken. A click on a confirmation card takes this lock
+      too, alone (`acquire_user/4`), under a ref from `click_ref/0`.
+
+  A row is locked when `busy_turn_ref` names a holder. Taking a lock is one
+  atomic statement that succeeds only when the lock is free or its
+  `busy_since` is older than the caller's TTL, so the locks of a node that
+  went down free themselves after the TTL, with no cleanup job and no
+  advisory lock holding a connection for the length of a turn. Every time is
+  the database's `now()`: the clocks of the app nodes play no part.
+
+  Only the holder's ref frees or re-dates a lock: a late `release/3` of a turn
+  that was taken over cannot free its successor. A running turn asks
+  `held?/3` before each round and stops when it no longer holds both locks.
+
+  Every call is one prepared statement on a pooled connection, one round trip,
+  run on a dirty-I/O scheduler. A refusal is a return value; a failure to
+  answer (no database, a timeout) raises `PhoenixKitAgent.Turns.Locks.Error`;
+  a bad argument raises `ArgumentError` before anything is sent.
+
+  ## Arguments
+
+    * uuids (`conversation_uuid`, `user_uuid`) are strings in the hyphenated
+      form, in any letter case. A `conversation_uuid` with no row can never
+      be locked: `acquire/4` answers `{:error, :conversation_busy}`.
+    * `turn_ref` is any string of 1 to 255 bytes (valid UTF-8, no NUL byte)
+      that does not start with `"click:"`; `ref` (the click functions) must
+      come from `click_ref/0`. Taking a lock again with the ref that holds it
+      succeeds and re-dates it.
+    * `ttl_s` and `hold_s` are whole seconds: `ttl_s` from 1 to 315_360_000
+      (ten years), `hold_s` from 1 to `ttl_s`.
+
+  ## Usage
+
+      chat = "6f1c4f9e-8a53-4a77-9b1e-3f0c2d8e5a10"
+      user = "c0ffee00-1234-4abc-8def-0123456789ab"
+      turn = "turn-" <> Integer.to_string(System.unique_integer([:positive]))
+
+      :ok = Locks.acquire(chat, user, turn, 120)
+      # … before each round of the turn:
+      true = Locks.held?(chat, user, turn)
+      # … at the end:
+      :ok = Locks.release(chat, user, turn)
+
+  Configuration is described in the README: `config :phoenix_kit_agent_locks,
+  url: …` (or `DATABASE_URL`), `pool_size`, and the timeouts.
+  """
+
+  alias PhoenixKitAgent.Turns.Locks.Native
+
+  @typedoc "Why the user's lock was refused: a turn or a click holds it."
+  @type user_busy :: :turn_in_flight | :click_in_flight
+
+  @typedoc "Why `acquire/4` took neither lock."
+  @type acquire_error :: :conversation_busy | user_busy()
+
+  @click_prefix "click:"
+  @max_ttl_s 315_360_000
+  @max_ref_bytes 255
+  @uuid ~r/\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z/
+
+  @doc """
+  Takes both locks for `turn_ref`, or neither.
+
+  The chat is tried first: while another turn holds it, the answer is
+  `{:error, :conversation_busy}` and the user's lock is not touched. With the
+  chat free, the user's lock decides: held by a turn of the same user (in
+  another chat) it is `{:error, :turn_in_flight}`, by a click
+  `{:error, :click_in_flight}`, and the chat stays free. A lock older than
+  `ttl_s` seconds is taken over.
+
+      Locks.acquire(chat, user, "turn-1", 120)
+      # => :ok
+      Locks.acquire(chat, other_user, "turn-2", 120)
+      # => {:error, :conversation_busy}
+      Locks.acquire(other_chat, user, "turn-3", 120)
+      # => {:error, :turn_in_flight}
+  """
+  @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
+          :ok | {:error, acquire_error()}
+  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s) do
+    Native.acquire(
+      uuid!(:conversation_uuid, conversation_uuid),
+      uuid!(:user_uuid, user_uuid),
+      turn_ref!(turn_ref),
+      ttl!(ttl_s)
+    )
+  end
+
+  @doc """
+  Takes the user's lock alone for `ref`, a click on a confirmation card.
+
+  Refused with `{:error, :turn_in_flight}` while a turn of the user runs and
+  `{:error, :click_in_flight}` while another click does. `ttl_s` is how old
+  another holder's lock must be to be taken over: pass the TTL of a turn's
+  locks, so a running turn is never taken over. `hold_s` (at most `ttl_s`) is
+  how long this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in
+  the past, so a turn takes it over `hold_s` seconds after it was taken (or
+  last kept with `keep_user/4`) if it is never released. Release it with
+  `release_user/2`.
+
+      click = Locks.click_ref()
+      Locks.acquire_user(user, click, 120, 30)
+      # => :ok
+      Locks.acquire(chat, user, "turn-1", 120)
+      # => {:error, :click_in_flight}
+  """
+  @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
+          :ok | {:error, user_busy()}
+  def acquire_user(user_uuid, ref, ttl_s, hold_s) do
+    ttl_s = ttl!(ttl_s)
+
+    Native.acquire_user(
+      uuid!(:user_uuid, user_uuid),
+      click_ref!(ref),
+      ttl_s,
+      hold!(hold_s, ttl_s)
+    )
+  end
+
+  @doc """
+  A new ref for a click on a confirmation card: `"click:"` and 32 random hex
+  digits. Locks held under it are reported as `:click_in_flight`.
+
+      iex> ref = PhoenixKitAgent.Turns.Locks.click_ref()
+      iex> {String.starts_with?(ref, "click:"), byte_size(ref)}
+      {true, 38}
+  """
+  @spec click_ref() :: String.t()
+  def click_ref do
+    @click_prefix <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
+  end
+
+  @doc """
+  Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
+  (by the database's clock): the turn may still be running, on this node or
+  another, and nobody can take its lock over yet.
+
+      Locks.fresh?(chat, "turn-1", 120)
+      # => true
+  """
+  @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
+  def fresh?(conversation_uuid, turn_ref, ttl_s) do
+    Native.fresh(uuid!(:conversation_uuid, conversation_uuid), turn_ref!(turn_ref), ttl!(ttl_s))
+  end
+
+  @doc """
+  Whether `turn_ref` holds both locks. A turn asks before each round and
+  stops when the answer is `false`: one of its locks was taken over.
+
+      Locks.held?(chat, user, "turn-1")
+      # => true
+  """
+  @spec held?(String.t(), String.t(), String.t()) :: boolean()
+  def held?(conversation_uuid, user_uuid, turn_ref) do
+    Native.held(
+      uuid!(:conversation_uuid, conversation_uuid),
+      uuid!(:user_uuid, user_uuid),
+      turn_ref!(turn_ref)
+    )
+  end
+
+  @doc """
+  Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
+  `hold_s` of `acquire_user/4`), while `ref` still holds it, so a click that
+  runs longer than its hold keeps turns out. `true` when `ref` held it.
+
+      Locks.keep_user(user, click, 120, 30)
+      # => true
+  """
+  @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
+  def keep_user(user_uuid, ref, ttl_s, hold_s) do
+    ttl_s = ttl!(ttl_s)
+    Native.keep_user(uuid!(:user_uuid, user_uuid), click_ref!(ref), ttl_s, hold!(hold_s, ttl_s))
+  end
+
+  @doc """
+  Releases whichever of the two locks `turn_ref` still holds; a lock that
+  another turn took over stays that turn's. Always `:ok`.
+
+      Locks.release(chat, user, "turn-1")
+      # => :ok
+  """
+  @spec release(String.t(), String.t(), String.t()) :: :ok
+  def release(conversation_uuid, user_uuid, turn_ref) do
+    Native.release(
+      uuid!(:conversation_uuid, conversation_uuid),
+      uuid!(:user_uuid, user_uuid),
+      turn_ref!(turn_ref)
+    )
+  end
+
+  @doc """
+  Releases the locks of a turn lost with its node: only while the chat's lock
+  is still `turn_ref`'s and older than `ttl_s` seconds (the database's clock).
+  The user's lock goes too, if `turn_ref` still holds it. `true` when this
+  call released them, so of several callers at most one gets `true`.
+
+      Locks.release_stale(chat, user, "turn-1", 120)
+      # => false   (still fresh, or not turn-1's)
+  """
+  @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
+  def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
+    Native.release_stale(
+      uuid!(:conversation_uuid, conversation_uuid),
+      uuid!(:user_uuid, user_uuid),
+      turn_ref!(turn_ref),
+      ttl!(ttl_s)
+    )
+  end
+
+  @doc """
+  Releases the user's lock if the click `ref` still holds it. Always `:ok`.
+
+      Locks.release_user(user, click)
+      # => :ok
+  """
+  @spec release_user(String.t(), String.t()) :: :ok
+  def release_user(user_uuid, ref) do
+    Native.release_user(uuid!(:user_uuid, user_uuid), click_ref!(ref))
+  end
+
+  # Argument checks. Each raises ArgumentError naming the argument before
+  # anything reaches the native side (which checks again on its own).
+
+  defp uuid!(name, value) when is_binary(value) do
+    if Regex.match?(@uuid, value), do: value, else: bad!(name, "a hyphenated UUID string", value)
+  end
+
+  defp uuid!(name, value), do: bad!(name, "a hyphenated UUID string", value)
+
+  defp turn_ref!(@click_prefix <> _ = value),
+    do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value)
+
+  defp turn_ref!(value), do: ref!(:turn_ref, value)
+
+  defp click_ref!(@click_prefix <> _ = value), do: ref!(:ref, value)
+  defp click_ref!(value), do: bad!(:ref, "a click ref made by click_ref/0", value)
+
+  defp ref!(name, value)
+       when is_binary(value) and byte_size(value) in 1..@max_ref_bytes do
+    if String.valid?(value) and not String.contains?(value, <<0>>),
+      do: value,
+      else: bad!(name, "valid UTF-8 without NUL bytes", value)
+  end
+
+  defp ref!(name, value), do: bad!(name, "a string of 1 to #{@max_ref_bytes} bytes", value)
+
+  defp ttl!(value) when is_integer(value) and value in 1..@max_ttl_s, do: value
+  defp ttl!(value), do: bad!(:ttl_s, "a whole number of seconds from 1 to #{@max_ttl_s}", value)
+
+  defp hold!(value, ttl_s) when is_integer(value) and value in 1..ttl_s, do: value
+  defp hold!(value, _ttl_s), do: bad!(:hold_s, "a whole number of seconds from 1 to ttl_s", value)
+
+  defp bad!(name, expected, value) do
+    raise ArgumentError,
+          "invalid #{name}: expected #{expected}, got: " <>
+            inspect(value, limit: 5, printable_limit: 64)
+  end
+end

@@ -1,0 +1,53 @@
+defmodule PhoenixKitAgent.Turns.Locks.Native do
+  @moduledoc false
+  # The NIF library (native/locks_nif). Every function here is replaced by the
+  # Rust one when priv/native/liblocks_nif.so loads; the stubs only run when it
+  # did not, and say why. Call PhoenixKitAgent.Turns.Locks, not this module.
+
+  require Logger
+
+  @on_load :load_nif
+
+  @doc false
+  def load_nif do
+    path = :filename.join(:code.priv_dir(:phoenix_kit_agent_locks), ~c"native/liblocks_nif")
+
+    case :erlang.load_nif(path, 0) do
+      :ok ->
+        :ok
+
+      {:error, {reason, text}} ->
+        # Loading must not fail the module: during the first `mix compile` the
+        # library is built only after this module, and the compiler reloads it.
+        :persistent_term.put({__MODULE__, :load_error}, "#{reason}: #{text}")
+        :ok
+    end
+  end
+
+  # Pool
+  def start(_options), do: not_loaded()
+  def stop, do: not_loaded()
+  def loaded, do: false
+
+  # Locks
+  def acquire(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
+  def acquire_user(_user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
+  def fresh(_conversation_uuid, _turn_ref, _ttl_s), do: not_loaded()
+  def held(_conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
+  def keep_user(_user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
+  def release(_conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
+  def release_stale(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
+  def release_user(_user_uuid, _ref), do: not_loaded()
+
+  # Schema
+  def ddl(_kind, _prefix), do: not_loaded()
+  def setup(_kind), do: not_loaded()
+
+  defp not_loaded do
+    why = :persistent_term.get({__MODULE__, :load_error}, "not loaded")
+
+    raise PhoenixKitAgent.Turns.Locks.Error,
+      reason: :nif_not_loaded,
+      message: "the locks NIF is not loaded (#{why}); run `mix compile`"
+  end
+end

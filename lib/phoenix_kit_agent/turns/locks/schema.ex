@@ -1,0 +1,45 @@
+defmodule PhoenixKitAgent.Turns.Locks.Schema do
+  @moduledoc """
+  The tables the locks live in.
+
+  Two kinds of DDL, both idempotent:
+
+    * `:tables` creates `phoenix_kit_agent_conversations` and
+      `phoenix_kit_agent_user_settings` (the file `priv/schema.sql`);
+    * `:lock_columns` only adds `busy_since` / `busy_turn_ref` and the unique
+      index on `user_uuid` to tables a host already has.
+
+  `sql/2` returns the text, for an Ecto migration's `execute/1`; `setup!/1`
+  runs it on the library's own pool (this is what `mix locks.setup` does).
+  """
+
+  alias PhoenixKitAgent.Turns.Locks.Native
+
+  @type kind :: :tables | :lock_columns
+
+  @doc """
+  The DDL of `kind`, with the tables qualified by the schema `prefix` (an
+  identifier, quoted) when one is given.
+
+      iex> sql = PhoenixKitAgent.Turns.Locks.Schema.sql(:lock_columns, "phoenix_kit")
+      iex> sql =~ ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_conversations)
+      true
+  """
+  @spec sql(kind(), String.t() | nil) :: String.t()
+  def sql(kind \\ :tables, prefix \\ nil) when kind in [:tables, :lock_columns] do
+    if prefix != nil and not is_binary(prefix),
+      do:
+        raise(ArgumentError, "invalid prefix: expected a string or nil, got: #{inspect(prefix)}")
+
+    Native.ddl(kind, prefix)
+  end
+
+  @doc """
+  Runs the DDL of `kind` on the library's pool (under its configured prefix).
+  Raises `PhoenixKitAgent.Turns.Locks.Error` when the database refuses it.
+  """
+  @spec setup!(kind()) :: :ok
+  def setup!(kind \\ :tables) when kind in [:tables, :lock_columns] do
+    Native.setup(kind)
+  end
+end

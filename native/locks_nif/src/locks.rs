@@ -1,0 +1,136 @@
+//! The nine lock calls (`click_ref/0` is pure Elixir): decode, call the core
+//! on the dirty-I/O scheduler thread, encode the documented term.
+
+use locks_core::{global, Acquire, AcquireUser};
+use rustler::{Atom, Encoder, Env, NifResult, Term};
+
+use crate::args::{click_ref, hold, ttl, turn_ref, uuid};
+use crate::atoms;
+use crate::error::raise;
+
+/// Runs one core call on the installed pool, mapping every error once.
+macro_rules! call {
+    (|$locks:ident| $body:expr) => {{
+        let $locks = global::current().map_err(raise)?;
+        global::block_on($body).map_err(raise)?.map_err(raise)?
+    }};
+}
+
+fn refused(reason: Atom) -> (Atom, Atom) {
+    (atoms::error(), reason)
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn acquire<'a>(
+    env: Env<'a>,
+    chat: Term<'a>,
+    user: Term<'a>,
+    turn: Term<'a>,
+    ttl_s: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let (chat, user) = (
+        uuid("conversation_uuid", chat).map_err(raise)?,
+        uuid("user_uuid", user).map_err(raise)?,
+    );
+    let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
+    Ok(
+        match call!(|locks| locks.acquire(&chat, &user, turn, ttl)) {
+            Acquire::Acquired => atoms::ok().encode(env),
+            Acquire::ConversationBusy => refused(atoms::conversation_busy()).encode(env),
+            Acquire::TurnInFlight => refused(atoms::turn_in_flight()).encode(env),
+            Acquire::ClickInFlight => refused(atoms::click_in_flight()).encode(env),
+        },
+    )
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn acquire_user<'a>(
+    env: Env<'a>,
+    user: Term<'a>,
+    click: Term<'a>,
+    ttl_s: Term<'a>,
+    hold_s: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let (user, click) = (
+        uuid("user_uuid", user).map_err(raise)?,
+        click_ref(click).map_err(raise)?,
+    );
+    let ttl = ttl(ttl_s).map_err(raise)?;
+    let hold = hold(hold_s, ttl).map_err(raise)?;
+    Ok(
+        match call!(|locks| locks.acquire_user(&user, click, ttl, hold)) {
+            AcquireUser::Acquired => atoms::ok().encode(env),
+            AcquireUser::TurnInFlight => refused(atoms::turn_in_flight()).encode(env),
+            AcquireUser::ClickInFlight => refused(atoms::click_in_flight()).encode(env),
+        },
+    )
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn fresh(chat: Term<'_>, turn: Term<'_>, ttl_s: Term<'_>) -> NifResult<bool> {
+    let chat = uuid("conversation_uuid", chat).map_err(raise)?;
+    let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
+    Ok(call!(|locks| locks.fresh(&chat, turn, ttl)))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn held(chat: Term<'_>, user: Term<'_>, turn: Term<'_>) -> NifResult<bool> {
+    let (chat, user) = (
+        uuid("conversation_uuid", chat).map_err(raise)?,
+        uuid("user_uuid", user).map_err(raise)?,
+    );
+    let turn = turn_ref(turn).map_err(raise)?;
+    Ok(call!(|locks| locks.held(&chat, &user, turn)))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn keep_user(
+    user: Term<'_>,
+    click: Term<'_>,
+    ttl_s: Term<'_>,
+    hold_s: Term<'_>,
+) -> NifResult<bool> {
+    let (user, click) = (
+        uuid("user_uuid", user).map_err(raise)?,
+        click_ref(click).map_err(raise)?,
+    );
+    let ttl = ttl(ttl_s).map_err(raise)?;
+    let hold = hold(hold_s, ttl).map_err(raise)?;
+    Ok(call!(|locks| locks.keep_user(&user, click, ttl, hold)))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn release(chat: Term<'_>, user: Term<'_>, turn: Term<'_>) -> NifResult<Atom> {
+    let (chat, user) = (
+        uuid("conversation_uuid", chat).map_err(raise)?,
+        uuid("user_uuid", user).map_err(raise)?,
+    );
+    let turn = turn_ref(turn).map_err(raise)?;
+    call!(|locks| locks.release(&chat, &user, turn));
+    Ok(atoms::ok())
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn release_stale(
+    chat: Term<'_>,
+    user: Term<'_>,
+    turn: Term<'_>,
+    ttl_s: Term<'_>,
+) -> NifResult<bool> {
+    let (chat, user) = (
+        uuid("conversation_uuid", chat).map_err(raise)?,
+        uuid("user_uuid", user).map_err(raise)?,
+    );
+    let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
+    Ok(call!(|locks| locks.release_stale(&chat, &user, turn, ttl)))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn release_user(user: Term<'_>, click: Term<'_>) -> NifResult<Atom> {
+    let (user, click) = (
+        uuid("user_uuid", user).map_err(raise)?,
+        click_ref(click).map_err(raise)?,
+    );
+    call!(|locks| locks.release_user(&user, click));
+    Ok(atoms::ok())
+}

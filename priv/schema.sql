@@ -1,0 +1,17 @@
+-- The tables of phoenix_kit_agent_locks. Idempotent: safe to run again.
+-- busy_since / busy_turn_ref are a row's lock: free when busy_turn_ref is NULL.
+CREATE TABLE IF NOT EXISTS phoenix_kit_agent_conversations (
+  uuid uuid PRIMARY KEY,
+  busy_since timestamptz,
+  busy_turn_ref text
+);
+
+-- A row is created with only user_uuid and the lock columns when a user has
+-- none, so every other NOT NULL column needs a default.
+CREATE TABLE IF NOT EXISTS phoenix_kit_agent_user_settings (
+  user_uuid uuid PRIMARY KEY,
+  busy_since timestamptz,
+  busy_turn_ref text,
+  inserted_at timestamptz NOT NULL DEFAULT now(),
+  updated_at timestamptz NOT NULL DEFAULT now()
+);
