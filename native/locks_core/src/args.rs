@@ -63,7 +63,7 @@ impl Uuid {
                     ))
                 }
             };
-            out[nibbles / 2] |= if nibbles % 2 == 0 { v << 4 } else { v };
+            out[nibbles / 2] |= if nibbles.is_multiple_of(2) { v << 4 } else { v };
             nibbles += 1;
         }
         Ok(Uuid(out))

@@ -51,6 +51,13 @@ impl Locks {
         Ok(Locks { pool, sql, config })
     }
 
+    /// The text of every statement as this pool runs it (table names filled
+    /// in), named after the Elixir function that runs it: what a benchmark
+    /// sends to `pgbench` to compare against.
+    pub fn statements(&self) -> [(&'static str, &str); 8] {
+        self.sql.all()
+    }
+
     /// The configuration this pool was built from.
     pub fn config(&self) -> &Config {
         &self.config

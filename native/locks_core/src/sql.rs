@@ -205,18 +205,17 @@ impl Statements {
         }
     }
 
-    /// Every statement.
-    #[cfg(test)]
-    pub fn all(&self) -> [&str; 8] {
+    /// Every statement, named after the Elixir function that runs it.
+    pub fn all(&self) -> [(&'static str, &str); 8] {
         [
-            &self.acquire,
-            &self.acquire_user,
-            &self.fresh,
-            &self.held,
-            &self.keep_user,
-            &self.release,
-            &self.release_stale,
-            &self.release_user,
+            ("acquire", &self.acquire),
+            ("acquire_user", &self.acquire_user),
+            ("fresh?", &self.fresh),
+            ("held?", &self.held),
+            ("keep_user", &self.keep_user),
+            ("release", &self.release),
+            ("release_stale", &self.release_stale),
+            ("release_user", &self.release_user),
         ]
     }
 }
@@ -229,7 +228,7 @@ mod tests {
     fn every_statement_has_its_table_names_filled_in() {
         let plain = Statements::new(None);
         let prefixed = Statements::new(Some("\"phoenix_kit\""));
-        for sql in plain.all().iter().chain(prefixed.all().iter()) {
+        for (_, sql) in plain.all().iter().chain(prefixed.all().iter()) {
             assert!(!sql.contains('{'), "unfilled placeholder in {sql}");
         }
         assert!(prefixed
@@ -242,7 +241,7 @@ mod tests {
 
     #[test]
     fn no_statement_names_updated_at_or_a_node_clock() {
-        for sql in Statements::new(None).all() {
+        for (_, sql) in Statements::new(None).all() {
             assert!(!sql.contains("updated_at"), "{sql}");
             assert!(!sql.contains("clock_timestamp"), "{sql}");
             assert!(!sql.contains("$5"), "{sql}");
