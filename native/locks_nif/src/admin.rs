@@ -81,3 +81,15 @@ fn setup(kind: Atom) -> rustler::NifResult<Atom> {
 fn loaded() -> bool {
     true
 }
+
+/// The text of every statement as the installed pool runs it, by function
+/// name: what `mix locks.bench` sends to pgbench to compare against.
+#[rustler::nif]
+fn statements() -> rustler::NifResult<Vec<(String, String)>> {
+    let locks = global::current().map_err(raise)?;
+    Ok(locks
+        .statements()
+        .iter()
+        .map(|(name, sql)| ((*name).to_owned(), (*sql).to_owned()))
+        .collect())
+}

@@ -42,6 +42,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # Schema
   def ddl(_kind, _prefix), do: not_loaded()
   def setup(_kind), do: not_loaded()
+  def statements, do: not_loaded()
 
   defp not_loaded do
     why = :persistent_term.get({__MODULE__, :load_error}, "not loaded")
