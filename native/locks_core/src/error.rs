@@ -86,7 +86,14 @@ impl Error {
     /// timeout, reported in the message.
     pub(crate) fn from_pool(err: PoolError, wait: Duration, connect: Duration) -> Self {
         match err {
-            PoolError::Backend(e) => Error::from(e),
+            // Checking a connection out only ever connects or recycles: a
+            // server's refusal here (bad password 28P01, too many clients
+            // 53300, no such database 3D000) is a connection failure, not a
+            // failed statement.
+            PoolError::Backend(e) => match e.as_db_error() {
+                Some(db) => Error::Connect(format!("{} ({})", db.message(), db.code().code())),
+                None => Error::from(e),
+            },
             PoolError::Timeout(TimeoutType::Wait) => Error::PoolTimeout(wait),
             PoolError::Timeout(TimeoutType::Create) => {
                 Error::Connect(format!("no connection within {} ms", connect.as_millis()))

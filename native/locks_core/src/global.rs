@@ -1,12 +1,38 @@
 //! The process-wide runtime and the installed [`Locks`], for the NIF.
 //!
-//! A NIF call arrives on a dirty-I/O scheduler thread, outside any runtime.
-//! [`block_on`] runs its future on that thread, driving the shared runtime's
-//! I/O and timers, so the scheduler thread is parked (not spinning) while
-//! PostgreSQL answers. The runtime lives for the whole VM: rustler supports no
-//! unloading, and a runtime dropped under a running connection task would
-//! abort it. The pool, unlike the runtime, can be replaced: [`start`]
-//! installs one per application start and [`stop`] closes it.
+//! A NIF call arrives on a dirty-I/O scheduler thread, outside any runtime,
+//! and [`block_on`] runs its future to completion on that thread. The runtime
+//! is a single *current-thread* runtime shared by every dirty-I/O thread: it
+//! has no worker threads of its own, and whichever thread is inside
+//! [`block_on`] drives it (its connection tasks, its I/O, its timers).
+//!
+//! Why not a multi-thread runtime: there, the connection tasks run on the
+//! runtime's workers, so every call crosses threads twice. The dirty thread
+//! hands its request to a worker (waking it), the worker writes it to the
+//! socket, waits for the answer and hands the rows back (waking the dirty
+//! thread). On a loaded machine each of those wake-ups costs more than the
+//! statement itself. With a current-thread runtime, a call that finds the
+//! runtime free drives it: its own thread writes the request, waits in
+//! `epoll` for the answer and reads it, as libpq would; no other thread is
+//! involved. While one thread drives the runtime, the others' connection
+//! tasks run on it too (tokio lets one thread at a time hold the runtime's
+//! core; the others wait for their answer or for the core, whichever comes
+//! first), and it is handed over when that thread's own call ends.
+//!
+//! One runtime per dirty thread is not possible: connections are pooled, and
+//! a connection's task belongs to the runtime it was spawned on, so a
+//! connection opened on one thread's runtime would never be driven while
+//! another thread used it.
+//!
+//! Between calls nobody drives the runtime, so what happened meanwhile (a
+//! connection closed by the server, a task aborted by a closed pool) is
+//! caught up at the start of the next call, before it checks a connection out
+//! ([`block_on`]), and right after a pool is closed ([`stop`], [`start`]).
+//!
+//! The runtime lives for the whole VM: rustler supports no unloading, and a
+//! runtime dropped under a connection task would abort it. The pool, unlike
+//! the runtime, can be replaced: [`start`] installs one per application start
+//! and [`stop`] closes it.
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -18,11 +44,10 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::locks::Locks;
 
-/// Two worker threads: the connection tasks only move bytes between the
-/// sockets and the callers, and the machines this runs on have few cores.
+/// The shared current-thread runtime (see the module doc): no threads of its
+/// own besides tokio's blocking pool, which only resolves host names.
 static RUNTIME: Lazy<std::result::Result<Runtime, String>> = Lazy::new(|| {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    tokio::runtime::Builder::new_current_thread()
         .thread_name("phoenix_kit_agent_locks")
         .enable_all()
         .build()
@@ -38,8 +63,30 @@ fn runtime() -> Result<&'static Runtime> {
 }
 
 /// Runs `future` to completion on the calling thread, within the runtime.
+///
+/// First the runtime catches up on what happened since it was last driven,
+/// so that a connection the server closed in the meantime is known to be
+/// closed when the pool checks it out, and is replaced instead of failing the
+/// call (see [`catch_up`]).
 pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
-    Ok(runtime()?.block_on(future))
+    Ok(runtime()?.block_on(async {
+        catch_up().await;
+        future.await
+    }))
+}
+
+/// Lets the runtime poll its I/O driver and run every task that became ready.
+///
+/// Each `yield_now` hands control back to the runtime, which wakes the caller
+/// only once it has run out of ready tasks *and* polled the I/O driver: the
+/// first yield collects the pending socket events (an end of file on an idle
+/// connection, say) and schedules their connection tasks, the second lets
+/// those tasks run, so a dead connection's client reports `is_closed()`.
+/// Costs two non-blocking `epoll_wait`s. When another thread holds the
+/// runtime, it is the one driving it, and the yields return at once.
+async fn catch_up() {
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
 }
 
 /// Builds a pool from `config` and installs it, closing the one before.
@@ -56,7 +103,7 @@ pub fn start(config: Config) -> Result<()> {
         current.replace(locks)
     };
     if let Some(previous) = previous {
-        previous.close();
+        close(&previous);
     }
     Ok(())
 }
@@ -69,7 +116,17 @@ pub fn stop() {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
         .take();
     if let Some(previous) = previous {
-        previous.close();
+        close(&previous);
+    }
+}
+
+/// Closes a pool, then drives the runtime once: closing aborts the idle
+/// connections' tasks, and only a driven runtime drops them and so closes
+/// their sockets. Connections still checked out close when their calls end.
+fn close(locks: &Locks) {
+    locks.close();
+    if let Ok(runtime) = runtime() {
+        runtime.block_on(catch_up());
     }
 }
 
