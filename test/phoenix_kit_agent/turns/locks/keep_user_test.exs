@@ -1,0 +1,113 @@
+defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
+  use PhoenixKitAgent.Turns.LockCase, async: true
+
+  @ttl 60
+  @hold 10
+
+  describe "keep_user/4" do
+    test "re-dates the click's lock as if taken now and answers true" do
+      user = new_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      backdate!([user: user], @hold - 1)
+      assert lock(:user, user) == {click, @ttl - 1}
+
+      assert Locks.keep_user(user, click, @ttl, @hold) == true
+      assert lock(:user, user) == {click, @ttl - @hold}
+    end
+
+    test "dates the lock with the ttl_s and hold_s it is given" do
+      user = new_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+
+      assert Locks.keep_user(user, click, @ttl, 45) == true
+      assert lock(:user, user) == {click, @ttl - 45}
+    end
+
+    test "keeps blocking a turn for hold_s after each keep" do
+      chat = insert_chat!()
+      user = new_user()
+      click = Locks.click_ref()
+      turn = turn_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      backdate!([user: user], @hold - 1)
+
+      assert Locks.keep_user(user, click, @ttl, @hold) == true
+      # Without the keep the lock would now be @ttl + @hold - 2 seconds old.
+      backdate!([user: user], @hold - 1)
+      assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
+
+      backdate!([user: user], 1)
+      assert Locks.acquire(chat, user, turn, @ttl) == :ok
+    end
+
+    test "answers false after the click released its lock, and does not lock the row again" do
+      user = new_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      :ok = Locks.release_user(user, click)
+
+      assert Locks.keep_user(user, click, @ttl, @hold) == false
+      assert lock(:user, user) == {nil, nil}
+    end
+
+    test "answers false after a turn took the lock over, and leaves the turn's lock as it is" do
+      chat = insert_chat!()
+      user = new_user()
+      click = Locks.click_ref()
+      turn = turn_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      backdate!([user: user], @hold + 1)
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+      backdate!([user: user], 3)
+      [user: before] = rows(user: user)
+
+      assert Locks.keep_user(user, click, @ttl, @hold) == false
+      assert rows(user: user) == [user: before]
+      assert lock(:user, user) == {turn, 3}
+    end
+
+    test "answers false after another click took the lock over, and leaves its lock as it is" do
+      user = new_user()
+      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
+      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      backdate!([user: user], @hold + 1)
+      :ok = Locks.acquire_user(user, click2, @ttl, @hold)
+      [user: before] = rows(user: user)
+
+      assert Locks.keep_user(user, click1, @ttl, @hold) == false
+      assert rows(user: user) == [user: before]
+      assert before.ref == click2
+    end
+
+    test "never touches a lock its click does not hold: a running turn's" do
+      chat = insert_chat!()
+      user = new_user()
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+      backdate!([user: user], 7)
+      [user: before] = rows(user: user)
+
+      assert Locks.keep_user(user, Locks.click_ref(), @ttl, @hold) == false
+      assert rows(user: user) == [user: before]
+    end
+
+    test "answers false and creates no row for a user with no settings row" do
+      user = new_user()
+
+      assert Locks.keep_user(user, Locks.click_ref(), @ttl, @hold) == false
+      assert lock(:user, user) == nil
+    end
+
+    test "addresses the same row whatever the letter case of the uuid" do
+      user = new_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      backdate!([user: user], 5)
+
+      assert Locks.keep_user(String.upcase(user), click, @ttl, @hold) == true
+      assert lock(:user, user) == {click, @ttl - @hold}
+    end
+  end
+end

@@ -1,0 +1,164 @@
+# A PhoenixKit host most likely has `busy_since` as `timestamp without time
+# zone` (what Ecto's :utc_datetime makes: `timestamp(0)`, whole seconds), and
+# its server may run in any TimeZone. The locks must behave as on the shipped
+# `timestamptz` schema: written and compared as UTC.
+#
+# Each module below restarts the application on its own schema (config
+# `:prefix`) with a URL whose connections start in Asia/Tokyo (UTC+9), so a
+# lock call that relied on the session's TimeZone would store a wall-clock
+# time nine hours off. They are not async: while they run, every lock call of
+# the VM goes to their schema; on_exit puts the configuration back.
+for {suffix, column, whole_seconds?} <- [
+      {Microseconds, "timestamp without time zone", false},
+      {WholeSeconds, "timestamp(0) without time zone", true}
+    ] do
+  defmodule Module.concat(PhoenixKitAgent.Turns.Locks.NaiveTimestampTest, suffix) do
+    use PhoenixKitAgent.Turns.LockCase, async: false
+
+    @app :phoenix_kit_agent_locks
+    @schema "h_unit_naive_" <> String.downcase(inspect(suffix))
+    @column column
+    # A `timestamp(0)` rounds now() to the nearest second: an age read back
+    # may be up to one second less than it would be with microseconds.
+    @slack if whole_seconds?, do: 1, else: 0
+    @ttl 60
+
+    setup_all do
+      sql!("""
+      DROP SCHEMA IF EXISTS #{@schema} CASCADE;
+      CREATE SCHEMA #{@schema};
+      CREATE TABLE #{@schema}.phoenix_kit_agent_conversations (
+        uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text);
+      CREATE TABLE #{@schema}.phoenix_kit_agent_user_settings (
+        user_uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text,
+        updated_at #{@column} NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'));
+      """)
+
+      saved = Application.get_all_env(@app)
+      separator = if String.contains?(TestDB.url(), "?"), do: "&", else: "?"
+      tokyo = TestDB.url() <> separator <> "options=-c%20TimeZone%3DAsia%2FTokyo"
+
+      restart!(url: tokyo, prefix: @schema)
+
+      on_exit(fn ->
+        restart!(url: saved[:url], prefix: saved[:prefix])
+        sql!("DROP SCHEMA IF EXISTS #{@schema} CASCADE")
+      end)
+    end
+
+    # setup_all and on_exit run outside the tests' log capture: the notice
+    # of the stopped application is captured here.
+    defp restart!(config) do
+      ExUnit.CaptureLog.capture_log(fn ->
+        :ok = Application.stop(@app)
+
+        for {key, value} <- config do
+          if value == nil,
+            do: Application.delete_env(@app, key),
+            else: Application.put_env(@app, key, value)
+        end
+
+        {:ok, _} = Application.ensure_all_started(@app)
+      end)
+    end
+
+    defp insert_chat do
+      chat = TestDB.uuid()
+      sql!("INSERT INTO #{@schema}.phoenix_kit_agent_conversations (uuid) VALUES ('#{chat}')")
+      chat
+    end
+
+    # {ref, whole seconds old}, reading busy_since as UTC whatever this
+    # session's TimeZone.
+    defp lock_of(table, key, id) do
+      [[ref, age]] =
+        sql!("""
+        SELECT busy_turn_ref,
+               floor(extract(epoch FROM (now() AT TIME ZONE 'UTC') - busy_since))::int
+        FROM #{@schema}.#{table} WHERE #{key} = '#{id}'
+        """)
+
+      {ref, age && String.to_integer(age)}
+    end
+
+    defp chat_lock(chat), do: lock_of("phoenix_kit_agent_conversations", "uuid", chat)
+    defp user_lock(user), do: lock_of("phoenix_kit_agent_user_settings", "user_uuid", user)
+
+    defp assert_lock({ref, age}, expected_ref, expected_age) do
+      assert ref == expected_ref
+      assert age in (expected_age - @slack)..expected_age
+    end
+
+    defp backdate(table, key, id, seconds) do
+      sql!("""
+      UPDATE #{@schema}.#{table} SET busy_since = busy_since - #{seconds} * interval '1 second'
+      WHERE #{key} = '#{id}'
+      """)
+    end
+
+    defp backdate_chat(chat, s), do: backdate("phoenix_kit_agent_conversations", "uuid", chat, s)
+
+    defp backdate_user(user, s),
+      do: backdate("phoenix_kit_agent_user_settings", "user_uuid", user, s)
+
+    describe "on #{column} columns, with connections starting in Asia/Tokyo" do
+      test "acquire/4 stores both locks at the database's now() in UTC" do
+        chat = insert_chat()
+        user = new_user()
+        turn = turn_ref()
+
+        assert Locks.acquire(chat, user, turn, @ttl) == :ok
+        assert_lock(chat_lock(chat), turn, 0)
+        assert_lock(user_lock(user), turn, 0)
+        assert Locks.held?(chat, user, turn) == true
+        assert Locks.fresh?(chat, turn, @ttl) == true
+      end
+
+      test "acquire/4 takes over a lock older than the TTL, not one a second short of it" do
+        chat = insert_chat()
+        turn = turn_ref()
+        :ok = Locks.acquire(chat, new_user(), turn_ref(), @ttl)
+
+        backdate_chat(chat, @ttl - 2)
+        assert Locks.acquire(chat, new_user(), turn, @ttl) == {:error, :conversation_busy}
+        assert Locks.fresh?(chat, turn, @ttl) == false
+
+        backdate_chat(chat, 3)
+        assert Locks.acquire(chat, new_user(), turn, @ttl) == :ok
+        assert_lock(chat_lock(chat), turn, 0)
+      end
+
+      test "acquire_user/4 dates the click's lock ttl_s - hold_s back, and a turn takes it after hold_s" do
+        chat = insert_chat()
+        user = new_user()
+        click = Locks.click_ref()
+        turn = turn_ref()
+
+        assert Locks.acquire_user(user, click, @ttl, 10) == :ok
+        assert_lock(user_lock(user), click, @ttl - 10)
+        assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
+
+        assert Locks.keep_user(user, click, @ttl, 10) == true
+        backdate_user(user, 11)
+        assert Locks.acquire(chat, user, turn, @ttl) == :ok
+      end
+
+      test "release_stale/4 frees a lock once older than the TTL, and release/3 frees a fresh one" do
+        [chat1, chat2] = [insert_chat(), insert_chat()]
+        [user1, user2] = [new_user(), new_user()]
+        [lost, turn] = [turn_ref("lost"), turn_ref()]
+        :ok = Locks.acquire(chat1, user1, lost, @ttl)
+        :ok = Locks.acquire(chat2, user2, turn, @ttl)
+
+        backdate_chat(chat1, @ttl - 2)
+        assert Locks.release_stale(chat1, user1, lost, @ttl) == false
+        backdate_chat(chat1, 3)
+        assert Locks.release_stale(chat1, user1, lost, @ttl) == true
+        assert {chat_lock(chat1), user_lock(user1)} == {{nil, nil}, {nil, nil}}
+
+        assert Locks.release(chat2, user2, turn) == :ok
+        assert {chat_lock(chat2), user_lock(user2)} == {{nil, nil}, {nil, nil}}
+      end
+    end
+  end
+end

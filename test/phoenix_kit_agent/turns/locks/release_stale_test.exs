@@ -1,0 +1,112 @@
+defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
+  use PhoenixKitAgent.Turns.LockCase, async: true
+
+  @ttl 60
+
+  # A turn that took both locks `age` seconds ago and never came back.
+  defp lost_turn(age) do
+    chat = insert_chat!()
+    user = new_user()
+    turn = turn_ref("lost")
+    :ok = Locks.acquire(chat, user, turn, @ttl)
+    if age > 0, do: backdate!([chat: chat, user: user], age)
+    {chat, user, turn}
+  end
+
+  describe "release_stale/4" do
+    test "answers false and frees nothing while the chat's lock is younger than ttl_s" do
+      {chat, user, turn} = lost_turn(0)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.release_stale(chat, user, turn, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "answers false one second short of ttl_s" do
+      {chat, user, turn} = lost_turn(@ttl - 1)
+
+      assert Locks.release_stale(chat, user, turn, @ttl) == false
+      assert locks(chat: chat, user: user) == [chat: {turn, @ttl - 1}, user: {turn, @ttl - 1}]
+    end
+
+    test "frees both locks as soon as the chat's is older than ttl_s, and answers true" do
+      {chat, user, turn} = lost_turn(@ttl)
+
+      assert Locks.release_stale(chat, user, turn, @ttl) == true
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+
+    test "answers true only once: a second call finds nothing to release" do
+      {chat, user, turn} = lost_turn(@ttl + 1)
+
+      assert Locks.release_stale(chat, user, turn, @ttl) == true
+      assert Locks.release_stale(chat, user, turn, @ttl) == false
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+
+    test "measures age against the caller's ttl_s" do
+      {chat, user, turn} = lost_turn(30)
+
+      assert Locks.release_stale(chat, user, turn, 31) == false
+      assert Locks.release_stale(chat, user, turn, 29) == true
+    end
+
+    test "answers false and frees nothing when the stale chat lock is another turn's" do
+      {chat, user, _turn} = lost_turn(@ttl + 1)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.release_stale(chat, user, turn_ref(), @ttl) == false
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "answers false and frees nothing once a new turn took the chat over" do
+      {chat, user, lost} = lost_turn(@ttl + 1)
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+      backdate!([chat: chat, user: user], @ttl + 1)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.release_stale(chat, user, lost, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+      assert before[:chat].ref == turn
+    end
+
+    test "frees the chat but leaves the user's lock to the turn that took it over" do
+      {chat, user, lost} = lost_turn(@ttl + 1)
+      other_chat = insert_chat!()
+      turn = turn_ref()
+      :ok = Locks.acquire(other_chat, user, turn, @ttl)
+
+      assert Locks.release_stale(chat, user, lost, @ttl) == true
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {turn, 0}]
+    end
+
+    test "frees nothing while the chat's lock is fresh, even when the user's is stale" do
+      {chat, user, turn} = lost_turn(0)
+      backdate!([user: user], @ttl + 1)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.release_stale(chat, user, turn, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "answers true for a stale chat lock whose user has no settings row, and creates none" do
+      {chat, _user, lost} = lost_turn(@ttl + 1)
+      stranger = new_user()
+
+      assert Locks.release_stale(chat, stranger, lost, @ttl) == true
+      assert locks(chat: chat, user: stranger) == [chat: {nil, nil}, user: nil]
+    end
+
+    test "answers false for a conversation uuid with no row" do
+      assert Locks.release_stale(TestDB.uuid(), new_user(), turn_ref(), @ttl) == false
+    end
+
+    test "addresses the same rows whatever the letter case of the uuids" do
+      {chat, user, turn} = lost_turn(@ttl + 1)
+
+      assert Locks.release_stale(String.upcase(chat), String.upcase(user), turn, @ttl) == true
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+  end
+end

@@ -1,0 +1,107 @@
+defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
+  use PhoenixKitAgent.Turns.LockCase, async: true
+
+  @ttl 60
+
+  describe "release/3" do
+    test "frees both locks of the turn that holds them" do
+      chat = insert_chat!()
+      user = new_user()
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+
+      assert Locks.release(chat, user, turn) == :ok
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+
+    test "a late release by a turn that was taken over frees nothing of the new turn" do
+      chat = insert_chat!()
+      user = new_user()
+      [lost, turn] = [turn_ref("lost"), turn_ref()]
+      :ok = Locks.acquire(chat, user, lost, @ttl)
+      backdate!([chat: chat, user: user], @ttl + 1)
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.release(chat, user, lost) == :ok
+      assert rows(chat: chat, user: user) == before
+      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+    end
+
+    test "frees the chat's lock when the user's was taken over by a turn in another chat" do
+      [chat, other_chat] = insert_chats!(2)
+      user = new_user()
+      [lost, turn] = [turn_ref("lost"), turn_ref()]
+      :ok = Locks.acquire(chat, user, lost, @ttl)
+      backdate!([user: user], @ttl + 1)
+      :ok = Locks.acquire(other_chat, user, turn, @ttl)
+
+      assert Locks.release(chat, user, lost) == :ok
+
+      assert locks(chat: chat, user: user, chat: other_chat) ==
+               [chat: {nil, nil}, user: {turn, 0}, chat: {turn, 0}]
+    end
+
+    test "frees the user's lock when the chat's was taken over by a turn of another user" do
+      chat = insert_chat!()
+      [user, other_user] = [new_user(), new_user()]
+      [lost, turn] = [turn_ref("lost"), turn_ref()]
+      :ok = Locks.acquire(chat, user, lost, @ttl)
+      backdate!([chat: chat], @ttl + 1)
+      :ok = Locks.acquire(chat, other_user, turn, @ttl)
+
+      assert Locks.release(chat, user, lost) == :ok
+
+      assert locks(chat: chat, user: user, user: other_user) ==
+               [chat: {turn, 0}, user: {nil, nil}, user: {turn, 0}]
+    end
+
+    test "frees nothing of another turn's locks" do
+      chat = insert_chat!()
+      user = new_user()
+      :ok = Locks.acquire(chat, user, turn_ref(), @ttl)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.release(chat, user, turn_ref()) == :ok
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "does not free a click's lock of the user" do
+      chat = insert_chat!()
+      user = new_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @ttl)
+
+      assert Locks.release(chat, user, turn_ref()) == :ok
+      assert lock(:user, user) == {click, 0}
+    end
+
+    test "answers :ok and creates no row when nothing is locked" do
+      user = new_user()
+
+      assert Locks.release(TestDB.uuid(), user, turn_ref()) == :ok
+      assert lock(:user, user) == nil
+    end
+
+    test "frees a lock older than the TTL that nobody took over" do
+      chat = insert_chat!()
+      user = new_user()
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+      backdate!([chat: chat, user: user], @ttl * 10)
+
+      assert Locks.release(chat, user, turn) == :ok
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+
+    test "addresses the same rows whatever the letter case of the uuids" do
+      chat = insert_chat!()
+      user = new_user()
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+
+      assert Locks.release(String.upcase(chat), String.upcase(user), turn) == :ok
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+  end
+end

@@ -1,0 +1,126 @@
+defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
+  # The user's lock lives in the user's settings row, whose `updated_at` must
+  # keep saying when the settings themselves last changed.
+  use PhoenixKitAgent.Turns.LockCase, async: true
+
+  @ttl 60
+  @hold 10
+  @long_ago "2001-02-03T04:05:06.789012Z"
+
+  # A user whose settings row was last changed long ago.
+  defp settled_user do
+    user = new_user()
+    insert_settings!(user, @long_ago)
+    user
+  end
+
+  describe "updated_at of a settings row" do
+    test "is not changed by acquire/4 taking the user's lock" do
+      user = settled_user()
+      :ok = Locks.acquire(insert_chat!(), user, turn_ref(), @ttl)
+
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by acquire/4 refused the user's lock" do
+      [chat1, chat2] = insert_chats!(2)
+      user = settled_user()
+      :ok = Locks.acquire(chat1, user, turn_ref(), @ttl)
+
+      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by acquire/4 taking over a stale user lock" do
+      [chat1, chat2] = insert_chats!(2)
+      user = settled_user()
+      :ok = Locks.acquire(chat1, user, turn_ref(), @ttl)
+      backdate!([user: user], @ttl + 1)
+
+      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == :ok
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by acquire_user/4, taken or refused" do
+      user = settled_user()
+      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold)
+
+      assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
+               {:error, :click_in_flight}
+
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by keep_user/4" do
+      user = settled_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+
+      assert Locks.keep_user(user, click, @ttl, @hold) == true
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by release/3" do
+      chat = insert_chat!()
+      user = settled_user()
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+
+      assert Locks.release(chat, user, turn) == :ok
+      assert lock(:user, user) == {nil, nil}
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by release_stale/4" do
+      chat = insert_chat!()
+      user = settled_user()
+      turn = turn_ref()
+      :ok = Locks.acquire(chat, user, turn, @ttl)
+      backdate!([chat: chat, user: user], @ttl + 1)
+
+      assert Locks.release_stale(chat, user, turn, @ttl) == true
+      assert lock(:user, user) == {nil, nil}
+      assert updated_at(user) == @long_ago
+    end
+
+    test "is not changed by release_user/2" do
+      user = settled_user()
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+
+      assert Locks.release_user(user, click) == :ok
+      assert lock(:user, user) == {nil, nil}
+      assert updated_at(user) == @long_ago
+    end
+  end
+
+  describe "the user's settings row" do
+    test "is created once, by the first lock of a user who has none, and kept after release" do
+      [chat1, chat2] = insert_chats!(2)
+      user = new_user()
+      [turn1, turn2] = [turn_ref(), turn_ref()]
+      assert settings_rows(user) == 0
+
+      :ok = Locks.acquire(chat1, user, turn1, @ttl)
+      :ok = Locks.release(chat1, user, turn1)
+      assert lock(:user, user) == {nil, nil}
+
+      :ok = Locks.acquire(chat2, user, turn2, @ttl)
+      assert settings_rows(user) == 1
+    end
+
+    test "is created empty: only the lock, every other column at its default" do
+      user = new_user()
+      [[before]] = sql!("SELECT now()::text")
+      :ok = Locks.acquire(insert_chat!(), user, turn_ref(), @ttl)
+
+      assert [[fresh_defaults]] =
+               sql!("""
+               SELECT inserted_at = updated_at AND inserted_at >= '#{before}'
+               FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
+               """)
+
+      assert fresh_defaults == "t"
+    end
+  end
+end
