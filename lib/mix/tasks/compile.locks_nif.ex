@@ -4,15 +4,28 @@ defmodule Mix.Tasks.Compile.LocksNif do
   Builds `native/locks_nif` with `cargo build --release` and installs the
   library as `priv/native/liblocks_nif.so` of the application.
 
-  Declared in `mix.exs` after Elixir's compilers, so `mix compile` in this
-  project (and `mix deps.compile` in a host that depends on it) builds
-  everything. cargo is incremental: with nothing changed this is a no-op.
+  Declared in `mix.exs` after Elixir's compilers (this module is one of the
+  files they compile), so `mix compile` in this project, and `mix
+  deps.compile` / `mix compile` in a host that depends on it by `path:` or
+  `git:`, build everything with no other step. cargo is incremental: with
+  nothing changed this is a no-op. cargo runs in the library's own directory
+  (its workspace), so its `target/` is reused by every project that depends
+  on the same checkout; `CARGO_TARGET_DIR` moves it (relative to the
+  library's directory).
 
-  An installed library that is already loaded is never written over: the new
-  file replaces it under a new inode (old file deleted first). The BEAM keeps
-  running the old code until it restarts: rustler NIFs cannot be upgraded in
-  place. If the stub module was loaded before the library existed (the first
-  compile), it is reloaded so that this VM gets the NIF too.
+  For a dependency, Mix links the application's `priv` in `_build` to the
+  library's own `priv`, so the library lands in the dependency's source
+  directory (`deps/phoenix_kit_agent_locks/priv/native` for a `git:`
+  dependency, the checkout itself for a `path:` one), as it does for this
+  project; `mix release` copies it from there.
+
+  An installed library is never written over: the new one is written
+  beside it and renamed into place, so a VM that has the old one loaded
+  keeps running its code, and a VM that loads the library at the same
+  moment sees either file whole. A running VM never switches to new native
+  code (rustler NIFs cannot be upgraded): restart it. If the stub module
+  was loaded before the library existed (the first compile), it is
+  reloaded so that this VM gets the NIF too.
 
   Set `LOCKS_NIF_PROFILE=debug` for a debug build.
   """
@@ -23,6 +36,8 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
   @impl true
   def run(_args) do
+    # The library's directory, also when it is a dependency (Mix runs its
+    # compilers with its own project pushed).
     root = Path.dirname(Mix.Project.project_file())
     profile = System.get_env("LOCKS_NIF_PROFILE", "release")
 
@@ -60,7 +75,9 @@ defmodule Mix.Tasks.Compile.LocksNif do
   end
 
   defp built_library(root, profile) do
-    target = System.get_env("CARGO_TARGET_DIR") || Path.join(root, "target")
+    # cargo reads a relative CARGO_TARGET_DIR against its working directory,
+    # which is `root`.
+    target = Path.expand(System.get_env("CARGO_TARGET_DIR") || "target", root)
 
     ["liblocks_nif.so", "liblocks_nif.dylib"]
     |> Enum.map(&Path.join([target, profile, &1]))
@@ -71,17 +88,37 @@ defmodule Mix.Tasks.Compile.LocksNif do
     end
   end
 
-  defp install(built, dest) do
-    if File.read!(built) == (File.exists?(dest) && File.read!(dest)) do
+  @doc false
+  # Public for its test: installs `built` as `dest`, `{:noop, []}` when
+  # `dest` already has the same bytes.
+  def install(built, dest) do
+    if same_file?(built, dest) do
       {:noop, []}
     else
       File.mkdir_p!(Path.dirname(dest))
-      # Delete first: the loaded file keeps its inode, and the VM using it
-      # never sees its code change under it.
-      File.rm(dest)
-      File.cp!(built, dest)
-      reload_stub()
-      {:ok, []}
+      # Never write into the installed file: a VM that loaded it maps its
+      # pages, and changing them under it would crash it. Write a new file
+      # and rename it over the old one (atomic on one file system): the
+      # loaded file lives on, nameless, for as long as a VM maps it.
+      staged = "#{dest}.#{System.pid()}-#{System.unique_integer([:positive])}.tmp"
+      File.cp!(built, staged)
+
+      case File.rename(staged, dest) do
+        :ok ->
+          reload_stub()
+          {:ok, []}
+
+        {:error, reason} ->
+          File.rm(staged)
+          error("cannot install #{dest}: #{:file.format_error(reason)}")
+      end
+    end
+  end
+
+  defp same_file?(a, b) do
+    case {File.stat(a), File.stat(b)} do
+      {{:ok, %{size: size}}, {:ok, %{size: size}}} -> File.read!(a) == File.read!(b)
+      _ -> false
     end
   end
 

@@ -26,9 +26,11 @@ mod locks;
 mod outcome;
 pub mod schema;
 mod sql;
+mod tls;
 
 pub use args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 pub use config::Config;
 pub use error::{Error, Result};
 pub use locks::Locks;
 pub use outcome::{Acquire, AcquireUser};
+pub use tls::SslMode;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::Row;
 
 use crate::args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 use crate::config::Config;
@@ -32,7 +32,7 @@ impl Locks {
         let sql = Statements::new(config.schema());
         let manager = Manager::from_config(
             config.pg.clone(),
-            NoTls,
+            crate::tls::connector(&config),
             // Fast: a checkout costs no round trip; a closed connection is
             // still detected (tokio-postgres marks it closed when its socket
             // ends) and replaced.

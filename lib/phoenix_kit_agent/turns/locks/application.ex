@@ -1,26 +1,31 @@
 defmodule PhoenixKitAgent.Turns.Locks.Application do
   @moduledoc false
-  # Installs the native pool when the application starts (it connects on first
-  # use, so a database that is down breaks nothing here) and closes it when
-  # the application stops.
+  # Installs the native pool when the application starts and closes it when
+  # the application stops. The pool connects on first use, so a database that
+  # is down breaks nothing here; a setting that is wrong (a bad port, a CA
+  # file that cannot be read) stops the start, with the setting named.
+  #
+  # Stopping closes the pool (its connections are dropped) and starting again
+  # installs a new one from the configuration as it is then, in the same VM.
 
   use Application
 
   require Logger
 
-  alias PhoenixKitAgent.Turns.Locks.{Config, Native}
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Native}
 
   @impl true
   def start(_type, _args) do
-    case Config.read() do
-      %{url: nil} ->
-        Logger.warning(
-          "phoenix_kit_agent_locks: no :url configured and DATABASE_URL is unset; " <>
-            "lock calls will raise until the application is restarted with one"
-        )
+    options = Config.read()
 
-      options ->
-        :ok = Native.start(options)
+    if Config.configured?(options) do
+      start_pool!(options)
+    else
+      Logger.warning(
+        "phoenix_kit_agent_locks: no database configured (config :phoenix_kit_agent_locks, " <>
+          "repo: … or url: …) and DATABASE_URL is unset; lock calls will raise until the " <>
+          "application is restarted with one"
+      )
     end
 
     Supervisor.start_link([], strategy: :one_for_one, name: __MODULE__.Supervisor)
@@ -30,5 +35,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
   def stop(_state) do
     Native.stop()
     :ok
+  end
+
+  # A NIF that raises puts its arguments in the stacktrace, and these hold
+  # the password: raise the same exception again from here, without them.
+  defp start_pool!(options) do
+    Native.start(options)
+  rescue
+    error in [Error, ArgumentError] -> raise error
   end
 end

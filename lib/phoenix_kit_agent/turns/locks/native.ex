@@ -16,12 +16,38 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
       :ok ->
         :ok
 
+      {:error, {:upgrade, _}} ->
+        # This module is being loaded again in a running VM (`recompile`,
+        # `r/1` or `c/1` in IEx) while an earlier version holds the library,
+        # and rustler has no upgrade callback. Which version holds it decides:
+        #
+        #   * an old version (Mix's compiler has already made the running
+        #     version old): drop it (a call still running in it is killed, as
+        #     any purge does) and load the library into this version;
+        #   * the current version (the module is compiled anew beside it):
+        #     refuse this version, so that the current one keeps running.
+        #
+        # Either way the library stays mapped, with its runtime and its pool,
+        # and its code stays the one loaded first: the dynamic loader hands
+        # out the mapped library for the same path.
+        :code.purge(__MODULE__)
+
+        case :erlang.load_nif(path, 0) do
+          :ok -> :ok
+          {:error, {:upgrade, _}} -> {:error, :running_version_keeps_the_nif}
+          {:error, {reason, text}} -> record(reason, text)
+        end
+
       {:error, {reason, text}} ->
-        # Loading must not fail the module: during the first `mix compile` the
-        # library is built only after this module, and the compiler reloads it.
-        :persistent_term.put({__MODULE__, :load_error}, "#{reason}: #{text}")
-        :ok
+        record(reason, text)
     end
+  end
+
+  # Loading must not fail the module: during the first `mix compile` the
+  # library is built only after this module, and the compiler reloads it.
+  defp record(reason, text) do
+    :persistent_term.put({__MODULE__, :load_error}, "#{reason}: #{text}")
+    :ok
   end
 
   # Pool

@@ -9,8 +9,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
     * `:lock_columns` only adds `busy_since` / `busy_turn_ref` and the unique
       index on `user_uuid` to tables a host already has.
 
-  `sql/2` returns the text, for an Ecto migration's `execute/1`; `setup!/1`
-  runs it on the library's own pool (this is what `mix locks.setup` does).
+  `sql/2` returns the text as one script (psql, a SQL file); `statements/2`
+  returns it one statement at a time, for an Ecto migration's `execute/1`;
+  `setup!/1` runs it on the library's own pool (this is what `mix
+  locks.setup` does).
   """
 
   alias PhoenixKitAgent.Turns.Locks.Native
@@ -32,6 +34,39 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
         raise(ArgumentError, "invalid prefix: expected a string or nil, got: #{inspect(prefix)}")
 
     Native.ddl(kind, prefix)
+  end
+
+  @doc """
+  The DDL of `sql/2` one statement at a time, without comments or the
+  final `;`.
+
+  An Ecto migration runs each with `execute/1`: Postgrex prepares what it
+  sends, and PostgreSQL refuses several commands in one prepared statement,
+  so the script of `sql/2` cannot go through `execute/1` whole.
+
+      iex> PhoenixKitAgent.Turns.Locks.Schema.statements(:lock_columns, "phoenix_kit")
+      ...> |> Enum.map(&(&1 |> String.split() |> Enum.take(3) |> Enum.join(" ")))
+      [
+        ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_conversations),
+        ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_user_settings),
+        "CREATE UNIQUE INDEX"
+      ]
+  """
+  @spec statements(kind(), String.t() | nil) :: [String.t()]
+  def statements(kind \\ :tables, prefix \\ nil) when kind in [:tables, :lock_columns] do
+    # The DDL is this library's own: a `;` ends a line only where a
+    # statement ends, and a comment is a line of its own.
+    kind
+    |> sql(prefix)
+    |> String.split(~r/;[ \t]*$/m)
+    |> Enum.map(fn text ->
+      text
+      |> String.split("\n")
+      |> Enum.reject(&String.starts_with?(String.trim_leading(&1), "--"))
+      |> Enum.join("\n")
+      |> String.trim()
+    end)
+    |> Enum.reject(&(&1 == ""))
   end
 
   @doc """

@@ -1,0 +1,179 @@
+defmodule PhoenixKitAgent.Turns.HostAppTest do
+  # The library as a host uses it: a throwaway Mix project in a temporary
+  # directory depends on this checkout by `path:`, builds it with
+  # `mix deps.compile` and `mix compile` alone (the NIF through the
+  # library's own Mix compiler), and takes locks with the connection of its
+  # own "repo" (`config :phoenix_kit_agent_locks, repo: HostApp.Repo`), no
+  # DATABASE_URL. Then IEx on the library: `recompile(force: true)` in a
+  # running shell keeps the NIF and the locks.
+  #
+  # cargo runs in this checkout's workspace either way, so both reuse its
+  # target/ and cargo has nothing to rebuild; the time goes to the mix
+  # commands (Elixir compiling the library again for each project).
+  # `async: false`: the compiles take both cores, and run alone.
+  use ExUnit.Case, async: false
+
+  alias PhoenixKitAgent.Turns.Locks.TestDB
+
+  @moduletag timeout: 600_000
+
+  setup do
+    dir = Path.join(System.tmp_dir!(), "locks_host_#{System.unique_integer([:positive])}")
+    File.mkdir_p!(dir)
+    on_exit(fn -> File.rm_rf!(dir) end)
+    %{dir: dir, library: File.cwd!()}
+  end
+
+  # The environment of a mix command run for a project other than this
+  # test's: its own build directory and env, and no DATABASE_URL.
+  defp env(extra) do
+    [
+      {"MIX_ENV", "dev"},
+      {"MIX_BUILD_ROOT", nil},
+      {"MIX_BUILD_PATH", nil},
+      {"MIX_DEPS_PATH", nil},
+      {"MIX_EXS", nil},
+      {"MIX_LOCKFILE", nil},
+      {"DATABASE_URL", nil}
+      | extra
+    ]
+  end
+
+  defp mix!(dir, args, extra_env) do
+    {out, status} = System.cmd("mix", args, cd: dir, env: env(extra_env), stderr_to_stdout: true)
+
+    assert status == 0, "mix #{Enum.join(args, " ")} exited #{status}:\n#{out}"
+    refute out =~ "warning:", "mix #{Enum.join(args, " ")} warned:\n#{out}"
+    out
+  end
+
+  defp write!(dir, files) do
+    for {path, text} <- files do
+      path = Path.join(dir, path)
+      File.mkdir_p!(Path.dirname(path))
+      File.write!(path, text)
+    end
+  end
+
+  test "a host depending on the library by path: builds it, starts it, takes locks with its repo's connection",
+       %{dir: dir, library: library} do
+    write!(dir, %{
+      "mix.exs" => """
+      defmodule HostApp.MixProject do
+        use Mix.Project
+
+        def project do
+          [
+            app: :host_app,
+            version: "0.1.0",
+            elixir: "~> 1.14",
+            deps: [{:phoenix_kit_agent_locks, path: #{inspect(library)}}]
+          ]
+        end
+
+        def application, do: [extra_applications: [:logger]]
+      end
+      """,
+      "config/config.exs" => """
+      import Config
+
+      # As an Ecto repo is configured; the URL only says where the test
+      # database is (HOST_APP_DB), the library is given the repo.
+      uri = URI.parse(System.fetch_env!("HOST_APP_DB"))
+      [username, password] = String.split(uri.userinfo, ":")
+
+      config :host_app, HostApp.Repo,
+        hostname: uri.host,
+        port: uri.port,
+        username: username,
+        password: password,
+        database: String.trim_leading(uri.path, "/"),
+        ssl: false,
+        pool_size: 10
+
+      config :phoenix_kit_agent_locks, repo: HostApp.Repo
+      """,
+      "lib/host_app/repo.ex" => """
+      defmodule HostApp.Repo do
+        # Stands in for an Ecto repo: config/0 reads what Ecto's does.
+        def config, do: Application.fetch_env!(:host_app, __MODULE__)
+      end
+      """,
+      "lib/host_app.ex" => """
+      defmodule HostApp do
+        alias PhoenixKitAgent.Turns.Locks
+
+        def turn([chat, user]) do
+          results = [
+            Locks.acquire(chat, user, "host-turn", 60),
+            Locks.held?(chat, user, "host-turn"),
+            Locks.release(chat, user, "host-turn"),
+            Locks.held?(chat, user, "host-turn")
+          ]
+
+          IO.puts("RESULTS " <> inspect(results))
+        end
+      end
+      """
+    })
+
+    db = [{"HOST_APP_DB", TestDB.url()}]
+
+    deps = mix!(dir, ["deps.compile"], db)
+    assert deps =~ "Generated phoenix_kit_agent_locks app"
+
+    assert File.exists?(
+             Path.join(dir, "_build/dev/lib/phoenix_kit_agent_locks/priv/native/liblocks_nif.so")
+           )
+
+    assert mix!(dir, ["compile"], db) =~ "Generated host_app app"
+
+    chat = TestDB.insert_chat!()
+    user = TestDB.uuid()
+    out = mix!(dir, ["run", "-e", "HostApp.turn(System.argv())", chat, user], db)
+
+    assert out |> String.split("\n") |> Enum.filter(&String.starts_with?(&1, "RESULTS ")) ==
+             ["RESULTS [:ok, true, :ok, false]"]
+
+    assert TestDB.lock(:chat, chat) == {nil, nil}
+    assert TestDB.lock(:user, user) == {nil, nil}
+  end
+
+  test "IEx: recompile(force: true) in a running shell keeps the NIF and the locks",
+       %{dir: dir, library: library} do
+    chat = TestDB.insert_chat!()
+    user = TestDB.uuid()
+
+    write!(dir, %{
+      "input.exs" => """
+      chat = #{inspect(chat)}
+      user = #{inspect(user)}
+      IO.puts("ACQUIRE " <> inspect(PhoenixKitAgent.Turns.Locks.acquire(chat, user, "iex-turn", 60)))
+      IO.puts("RECOMPILE " <> inspect(recompile(force: true)))
+      IO.puts("HELD " <> inspect(PhoenixKitAgent.Turns.Locks.held?(chat, user, "iex-turn")))
+      IO.puts("RELEASE " <> inspect(PhoenixKitAgent.Turns.Locks.release(chat, user, "iex-turn")))
+      """
+    })
+
+    # This checkout, built in a directory of the test's own; `iex` reads the
+    # lines above as if typed, and ends at their end.
+    {out, status} =
+      System.cmd("sh", ["-c", "iex -S mix < #{Path.join(dir, "input.exs")}"],
+        cd: library,
+        env: env([{"MIX_BUILD_ROOT", Path.join(dir, "_build")}, {"DATABASE_URL", TestDB.url()}]),
+        stderr_to_stdout: true
+      )
+
+    assert status == 0, out
+
+    # IEx prints each answer after its prompt (`iex(3)> HELD true`).
+    assert Regex.scan(~r/(?:ACQUIRE|RECOMPILE|HELD|RELEASE) .*$/m, out) |> List.flatten() == [
+             "ACQUIRE :ok",
+             "RECOMPILE :ok",
+             "HELD true",
+             "RELEASE :ok"
+           ]
+
+    assert TestDB.lock(:chat, chat) == {nil, nil}
+  end
+end
