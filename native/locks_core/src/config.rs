@@ -95,10 +95,13 @@ pub struct Config {
 }
 
 impl Config {
-    /// Checks `options` and pins what every connection needs: the session
-    /// `TimeZone` is UTC (so `timestamp without time zone` columns hold UTC)
-    /// and `statement_timeout` is set, both as startup options, which costs no
-    /// round trip.
+    /// Checks `options` and pins what every connection needs, as startup
+    /// options (no round trip): the session `TimeZone` is UTC (so `timestamp
+    /// without time zone` columns hold UTC), `statement_timeout` is set, and
+    /// the isolation level is READ COMMITTED whatever the database's default:
+    /// the statements rely on its re-check of a row that changed while they
+    /// waited for it, where REPEATABLE READ or SERIALIZABLE would instead fail
+    /// the loser of every race with a serialization error (40001).
     pub fn new(options: &Options<'_>) -> Result<Self> {
         if options.url.is_empty() && options.host.is_none() && options.socket_dir.is_none() {
             return Err(Error::config(
@@ -178,7 +181,7 @@ impl Config {
             .transpose()?;
 
         let pinned = format!(
-            "-c TimeZone=UTC -c statement_timeout={}",
+            "-c TimeZone=UTC -c default_transaction_isolation=read\\ committed -c statement_timeout={}",
             statement_timeout.as_millis()
         );
         let startup = match pg.get_options() {
@@ -402,7 +405,10 @@ mod tests {
         .expect("valid");
         assert_eq!(
             config.pg.get_options(),
-            Some("-c search_path=x -c TimeZone=UTC -c statement_timeout=750")
+            Some(
+                "-c search_path=x -c TimeZone=UTC \
+                 -c default_transaction_isolation=read\\ committed -c statement_timeout=750"
+            )
         );
     }
 
