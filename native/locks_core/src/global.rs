@@ -75,6 +75,44 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
     }))
 }
 
+/// Runs one call of `locks` for a caller that made it at `queued_at_us`
+/// (the OS clock, microseconds since the Unix epoch, as the BEAM's
+/// `System.os_time(:microsecond)`), within what is left of its timeout.
+///
+/// A NIF call may wait for a free dirty-I/O scheduler before any of this
+/// runs: with the database frozen, ten calls hold the ten schedulers for a
+/// whole timeout each, and the callers queued behind them would otherwise
+/// start their own timeout only then, waiting twice, three times as long.
+/// Counting the queueing against the budget keeps every call within
+/// [`Config::call_timeout`](crate::Config::call_timeout) of the caller's
+/// call (plus the scheduling delay itself): a caller whose budget is spent
+/// by the time it runs fails at once with [`Error::Timeout`], sending nothing.
+pub fn call<T>(
+    locks: &Locks,
+    queued_at_us: i64,
+    call: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let budget = locks.config().call_timeout();
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(queued_at_us, |d| {
+            i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+        });
+    // A clock that stepped back (or a stamp from the future) counts as no wait.
+    let waited = std::time::Duration::from_micros(
+        u64::try_from(now_us.saturating_sub(queued_at_us)).unwrap_or(0),
+    );
+    let remaining = budget.saturating_sub(waited);
+    if remaining.is_zero() {
+        return Err(Error::Timeout(budget));
+    }
+    block_on(async {
+        tokio::time::timeout(remaining, call)
+            .await
+            .unwrap_or(Err(Error::Timeout(budget)))
+    })?
+}
+
 /// Lets the runtime poll its I/O driver and run every task that became ready.
 ///
 /// Each `yield_now` hands control back to the runtime, which wakes the caller
@@ -122,11 +160,16 @@ pub fn stop() {
 
 /// Closes a pool, then drives the runtime once: closing aborts the idle
 /// connections' tasks, and only a driven runtime drops them and so closes
-/// their sockets. Connections still checked out close when their calls end.
+/// their sockets. A connection still checked out is closed when its call
+/// ends, at the latest by the next call's [`catch_up`]. Not from inside
+/// another runtime (a test's, say), where blocking on this one would panic:
+/// the next call through [`block_on`] catches up instead.
 fn close(locks: &Locks) {
     locks.close();
-    if let Ok(runtime) = runtime() {
-        runtime.block_on(catch_up());
+    if tokio::runtime::Handle::try_current().is_err() {
+        if let Ok(runtime) = runtime() {
+            runtime.block_on(catch_up());
+        }
     }
 }
 

@@ -48,3 +48,11 @@ pub fn ttl(term: Term<'_>) -> Result<Ttl, Error> {
 pub fn hold(term: Term<'_>, ttl: Ttl) -> Result<Hold, Error> {
     Hold::new("hold_s", integer("hold_s", term)?, ttl)
 }
+
+/// When the Elixir caller made the call: `System.os_time(:microsecond)`.
+pub fn queued_at_us(term: Term<'_>) -> Result<i64, Error> {
+    term.decode::<i64>().map_err(|_| Error::InvalidArgument {
+        name: "queued_at",
+        reason: "must be the caller's System.os_time(:microsecond)",
+    })
+}

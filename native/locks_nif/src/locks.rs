@@ -4,15 +4,18 @@
 use locks_core::{global, Acquire, AcquireUser};
 use rustler::{Atom, Encoder, Env, NifResult, Term};
 
-use crate::args::{click_ref, hold, ttl, turn_ref, uuid};
+use crate::args::{click_ref, hold, queued_at_us, ttl, turn_ref, uuid};
 use crate::atoms;
 use crate::error::raise;
 
-/// Runs one core call on the installed pool, mapping every error once.
+/// Runs one core call on the installed pool, within what is left of the
+/// caller's timeout since `queued_at` (see `global::call`), mapping every
+/// error once.
 macro_rules! call {
-    (|$locks:ident| $body:expr) => {{
+    ($queued_at:expr, |$locks:ident| $body:expr) => {{
+        let queued_at = queued_at_us($queued_at).map_err(raise)?;
         let $locks = global::current().map_err(raise)?;
-        global::block_on($body).map_err(raise)?.map_err(raise)?
+        global::call(&$locks, queued_at, $body).map_err(raise)?
     }};
 }
 
@@ -27,6 +30,7 @@ fn acquire<'a>(
     user: Term<'a>,
     turn: Term<'a>,
     ttl_s: Term<'a>,
+    queued_at: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let (chat, user) = (
         uuid("conversation_uuid", chat).map_err(raise)?,
@@ -34,7 +38,7 @@ fn acquire<'a>(
     );
     let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
     Ok(
-        match call!(|locks| locks.acquire(&chat, &user, turn, ttl)) {
+        match call!(queued_at, |locks| locks.acquire(&chat, &user, turn, ttl)) {
             Acquire::Acquired => atoms::ok().encode(env),
             Acquire::ConversationBusy => refused(atoms::conversation_busy()).encode(env),
             Acquire::TurnInFlight => refused(atoms::turn_in_flight()).encode(env),
@@ -50,6 +54,7 @@ fn acquire_user<'a>(
     click: Term<'a>,
     ttl_s: Term<'a>,
     hold_s: Term<'a>,
+    queued_at: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let (user, click) = (
         uuid("user_uuid", user).map_err(raise)?,
@@ -58,7 +63,9 @@ fn acquire_user<'a>(
     let ttl = ttl(ttl_s).map_err(raise)?;
     let hold = hold(hold_s, ttl).map_err(raise)?;
     Ok(
-        match call!(|locks| locks.acquire_user(&user, click, ttl, hold)) {
+        match call!(queued_at, |locks| locks
+            .acquire_user(&user, click, ttl, hold))
+        {
             AcquireUser::Acquired => atoms::ok().encode(env),
             AcquireUser::TurnInFlight => refused(atoms::turn_in_flight()).encode(env),
             AcquireUser::ClickInFlight => refused(atoms::click_in_flight()).encode(env),
@@ -67,20 +74,20 @@ fn acquire_user<'a>(
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn fresh(chat: Term<'_>, turn: Term<'_>, ttl_s: Term<'_>) -> NifResult<bool> {
+fn fresh(chat: Term<'_>, turn: Term<'_>, ttl_s: Term<'_>, queued_at: Term<'_>) -> NifResult<bool> {
     let chat = uuid("conversation_uuid", chat).map_err(raise)?;
     let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
-    Ok(call!(|locks| locks.fresh(&chat, turn, ttl)))
+    Ok(call!(queued_at, |locks| locks.fresh(&chat, turn, ttl)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn held(chat: Term<'_>, user: Term<'_>, turn: Term<'_>) -> NifResult<bool> {
+fn held(chat: Term<'_>, user: Term<'_>, turn: Term<'_>, queued_at: Term<'_>) -> NifResult<bool> {
     let (chat, user) = (
         uuid("conversation_uuid", chat).map_err(raise)?,
         uuid("user_uuid", user).map_err(raise)?,
     );
     let turn = turn_ref(turn).map_err(raise)?;
-    Ok(call!(|locks| locks.held(&chat, &user, turn)))
+    Ok(call!(queued_at, |locks| locks.held(&chat, &user, turn)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
@@ -89,6 +96,7 @@ fn keep_user(
     click: Term<'_>,
     ttl_s: Term<'_>,
     hold_s: Term<'_>,
+    queued_at: Term<'_>,
 ) -> NifResult<bool> {
     let (user, click) = (
         uuid("user_uuid", user).map_err(raise)?,
@@ -96,17 +104,17 @@ fn keep_user(
     );
     let ttl = ttl(ttl_s).map_err(raise)?;
     let hold = hold(hold_s, ttl).map_err(raise)?;
-    Ok(call!(|locks| locks.keep_user(&user, click, ttl, hold)))
+    Ok(call!(queued_at, |locks| locks.keep_user(&user, click, ttl, hold)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn release(chat: Term<'_>, user: Term<'_>, turn: Term<'_>) -> NifResult<Atom> {
+fn release(chat: Term<'_>, user: Term<'_>, turn: Term<'_>, queued_at: Term<'_>) -> NifResult<Atom> {
     let (chat, user) = (
         uuid("conversation_uuid", chat).map_err(raise)?,
         uuid("user_uuid", user).map_err(raise)?,
     );
     let turn = turn_ref(turn).map_err(raise)?;
-    call!(|locks| locks.release(&chat, &user, turn));
+    call!(queued_at, |locks| locks.release(&chat, &user, turn));
     Ok(atoms::ok())
 }
 
@@ -116,21 +124,23 @@ fn release_stale(
     user: Term<'_>,
     turn: Term<'_>,
     ttl_s: Term<'_>,
+    queued_at: Term<'_>,
 ) -> NifResult<bool> {
     let (chat, user) = (
         uuid("conversation_uuid", chat).map_err(raise)?,
         uuid("user_uuid", user).map_err(raise)?,
     );
     let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
-    Ok(call!(|locks| locks.release_stale(&chat, &user, turn, ttl)))
+    Ok(call!(queued_at, |locks| locks
+        .release_stale(&chat, &user, turn, ttl)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn release_user(user: Term<'_>, click: Term<'_>) -> NifResult<Atom> {
+fn release_user(user: Term<'_>, click: Term<'_>, queued_at: Term<'_>) -> NifResult<Atom> {
     let (user, click) = (
         uuid("user_uuid", user).map_err(raise)?,
         click_ref(click).map_err(raise)?,
     );
-    call!(|locks| locks.release_user(&user, click));
+    call!(queued_at, |locks| locks.release_user(&user, click));
     Ok(atoms::ok())
 }

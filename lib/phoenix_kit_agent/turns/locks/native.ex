@@ -56,14 +56,33 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def loaded, do: false
 
   # Locks
-  def acquire(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
-  def acquire_user(_user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
-  def fresh(_conversation_uuid, _turn_ref, _ttl_s), do: not_loaded()
-  def held(_conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
-  def keep_user(_user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
-  def release(_conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
-  def release_stale(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
-  def release_user(_user_uuid, _ref), do: not_loaded()
+  #
+  # Each lock call is stamped with the OS clock right before it enters the NIF,
+  # where it may queue for a free dirty-I/O scheduler: the native side counts
+  # that wait against the call's timeout (locks_core's global::call). The
+  # arities without the stamp are the ones to call.
+  def acquire(c, u, t, ttl), do: acquire(c, u, t, ttl, now())
+  def acquire_user(u, r, ttl, hold), do: acquire_user(u, r, ttl, hold, now())
+  def fresh(c, t, ttl), do: fresh(c, t, ttl, now())
+  def held(c, u, t), do: held(c, u, t, now())
+  def keep_user(u, r, ttl, hold), do: keep_user(u, r, ttl, hold, now())
+  def release(c, u, t), do: release(c, u, t, now())
+  def release_stale(c, u, t, ttl), do: release_stale(c, u, t, ttl, now())
+  def release_user(u, r), do: release_user(u, r, now())
+
+  def acquire(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s, _queued_at), do: not_loaded()
+  def acquire_user(_user_uuid, _ref, _ttl_s, _hold_s, _queued_at), do: not_loaded()
+  def fresh(_conversation_uuid, _turn_ref, _ttl_s, _queued_at), do: not_loaded()
+  def held(_conversation_uuid, _user_uuid, _turn_ref, _queued_at), do: not_loaded()
+  def keep_user(_user_uuid, _ref, _ttl_s, _hold_s, _queued_at), do: not_loaded()
+  def release(_conversation_uuid, _user_uuid, _turn_ref, _queued_at), do: not_loaded()
+
+  def release_stale(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s, _queued_at),
+    do: not_loaded()
+
+  def release_user(_user_uuid, _ref, _queued_at), do: not_loaded()
+
+  defp now, do: System.os_time(:microsecond)
 
   # Schema
   def ddl(_kind, _prefix), do: not_loaded()

@@ -1,0 +1,291 @@
+defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
+  # Database faults, against a SECOND cluster of this module's own
+  # (_build/pg-faults; the shared first cluster is never stopped), seen from
+  # a separate BEAM OS process configured for it with small timeouts:
+  # a crash (`pg_ctl stop -m immediate`) under load, a database that is down
+  # when the application starts, a frozen server (SIGSTOP), and a row held
+  # by another transaction past the statement timeout.
+  #
+  # The tests of one module run one after another, so they share the cluster.
+  use ExUnit.Case, async: true
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Psql, Race}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
+
+  @moduletag :robustness
+  @moduletag timeout: 180_000
+
+  # Every call is cut off after checkout + connect + statement timeouts.
+  @timeouts [connect_timeout: 1_000, checkout_timeout: 1_000, statement_timeout: 1_000]
+  @call_timeout_ms 3_000
+  # What the brief allows on top: none may take longer than timeout + 1 s.
+  @bound_ms @call_timeout_ms + 1_000
+  # The longest a normal scheduler may be unavailable to the probe. A call
+  # blocking a normal scheduler would hold it for its whole wait (3 s); the
+  # margin below that absorbs the OS scheduling of a shared 2-core machine.
+  @probe_bound_ms 1_000
+
+  setup_all do
+    dir = Pg.faults_dir()
+    _lock = Pg.lock!(dir)
+    url = Pg.own_port!(dir, Pg.start!(dir))
+    # The shared cluster runs with synchronous_commit = off (speed); here a
+    # commit must survive `-m immediate`, or "every lock committed before
+    # the crash is still there" would test the server's settings instead.
+    TestDB.query!("ALTER SYSTEM SET synchronous_commit = on", url)
+    TestDB.query!("SELECT pg_reload_conf()", url)
+    TestDB.query!(PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil), url)
+    on_exit(fn -> Pg.stop!(dir) end)
+    %{dir: dir, url: url}
+  end
+
+  setup %{dir: dir} do
+    # Every test starts with the cluster up (a failed test may have left it down).
+    :ok = Pg.ensure_running!(dir)
+  end
+
+  defp start_node(url, extra \\ []) do
+    Node.start!(app_env: [url: url, pool_size: 10] ++ @timeouts ++ extra)
+  end
+
+  defp insert_chats(url, n) do
+    ids = for _ <- 1..n, do: TestDB.uuid()
+
+    TestDB.query!(
+      "INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES #{Enum.map_join(ids, ",", &"('#{&1}')")}",
+      url
+    )
+
+    ids
+  end
+
+  defp locks_error?({:raised, %Error{}}), do: true
+  defp locks_error?(_), do: false
+
+  # Calls that must all succeed, at once, from the node: the pool serves.
+  defp assert_serves(node, chats, users, tag) do
+    calls =
+      for {{chat, user}, i} <- Enum.with_index(Enum.zip(chats, users)),
+          do: {:held?, [chat, user, "#{tag}-#{i}"]}
+
+    answers = Node.call(node, Faults, :timed_many, [calls])
+    assert Enum.all?(answers, &match?({{:ok, false}, _}, &1)), inspect(answers, limit: 10)
+  end
+
+  describe "PostgreSQL crashes (pg_ctl stop -m immediate) during a load" do
+    @tag :slow
+    test "every call in flight and after raises Locks.Error within the timeout; schedulers " <>
+           "stay responsive; after a restart the same pool serves and committed locks are there",
+         %{dir: dir, url: url} do
+      node = start_node(url)
+      assert {_pid, {:ok, _}} = Node.hello(node)
+      {pre_chats, load_chats} = url |> insert_chats(20) |> Enum.split(10)
+      pre_users = for _ <- pre_chats, do: TestDB.uuid()
+      load_users = for _ <- load_chats, do: TestDB.uuid()
+
+      # Locks committed before the crash, and never touched again.
+      for {{chat, user}, i} <- Enum.with_index(Enum.zip(pre_chats, pre_users)) do
+        assert Node.call(node, Locks, :acquire, [chat, user, "pre-#{i}", 3600]) == :ok
+      end
+
+      result =
+        Node.call(node, Faults, :run, [
+          %{
+            chats: load_chats,
+            users: load_users,
+            fault: Pg.crash_command(dir),
+            warm: 300,
+            after_ms: @call_timeout_ms + 1_500
+          }
+        ])
+
+      {t0, t1, status, output} = result.fault
+      assert status == 0, output
+      records = result.records
+      refute Enum.any?(records, &match?({:worker_crashed, _}, &1)), inspect(records, limit: 5)
+
+      # No call hung: each ended within the timeout + 1 s, before or after the crash.
+      slow = for {s, e, fun, answer} <- records, e - s > @bound_ms, do: {fun, e - s, answer}
+      assert slow == []
+
+      # Every answer is a normal one or Locks.Error: nothing else is raised, no panic.
+      odd =
+        for {_, _, fun, answer} <- records,
+            not match?({:ok, _}, answer),
+            not locks_error?(answer),
+            do: {fun, answer}
+
+      assert odd == []
+
+      # Every call that started once the server was gone raised Locks.Error.
+      after_crash = for {s, _, _, _} = r <- records, s >= t1, do: r
+      assert length(after_crash) > 50, "the load went on after the crash"
+      assert Enum.all?(after_crash, fn {_, _, _, answer} -> locks_error?(answer) end)
+
+      reasons =
+        for {_, _, _, {:raised, %Error{reason: r}}} <- after_crash, into: MapSet.new(), do: r
+
+      assert MapSet.subset?(reasons, MapSet.new([:connect, :timeout, :pool_timeout])),
+             inspect(reasons)
+
+      # The calls in flight during the crash ended one way or the other.
+      in_flight = for {s, e, _, _} = r <- records, s < t1, e > t0, do: r
+      assert Enum.all?(in_flight, fn {_, _, _, a} -> match?({:ok, _}, a) or locks_error?(a) end)
+      assert Enum.count(records, &match?({_, _, _, {:ok, _}}, &1)) >= 300
+
+      # Normal schedulers were never blocked; the bystanders live on.
+      assert result.probe_max_ms < @probe_bound_ms,
+             "a normal scheduler was unavailable for #{result.probe_max_ms} ms"
+
+      assert result.bystanders_alive
+
+      # Back up: the same node (no application restart) serves every call.
+      :ok = Pg.restart!(dir)
+      assert_serves(node, load_chats, load_users, "after")
+
+      # Every lock committed before the crash is still there, and still held.
+      for {{chat, user}, i} <- Enum.with_index(Enum.zip(pre_chats, pre_users)) do
+        assert Node.call(node, Locks, :held?, [chat, user, "pre-#{i}"])
+      end
+
+      # The load's own chats are free or their worker's: nothing else.
+      for {chat, w} <- Enum.with_index(load_chats) do
+        [[ref]] =
+          TestDB.query!(
+            "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'",
+            url
+          )
+
+        assert ref in [nil, "load-#{w}"]
+      end
+    end
+  end
+
+  describe "a database that is down when the application starts" do
+    @tag :slow
+    test "the application starts, calls raise Locks.Error :connect at once, and serve " <>
+           "once PostgreSQL is up, without a restart",
+         %{dir: dir, url: url} do
+      chats = insert_chats(url, 20)
+      users = for _ <- chats, do: TestDB.uuid()
+      {_, 0} = Pg.run(Pg.crash_command(dir))
+      on_exit(fn -> Pg.ensure_running!(dir) end)
+
+      node = start_node(url)
+      assert {_pid, {:ok, _}} = Node.hello(node)
+
+      calls = for {c, u} <- Enum.zip(chats, users), do: {:acquire, [c, u, "down", 60]}
+      answers = Node.call(node, Faults, :timed_many, [calls])
+
+      for {answer, ms} <- answers do
+        assert {:raised, %Error{reason: :connect, message: message}} = answer
+        assert message =~ "database connection failed"
+        assert ms <= @bound_ms
+      end
+
+      :ok = Pg.restart!(dir)
+      answers = Node.call(node, Faults, :timed_many, [calls])
+      assert Enum.map(answers, &elem(&1, 0)) == List.duplicate({:ok, :ok}, 20)
+    end
+  end
+
+  describe "a frozen server (SIGSTOP to every PostgreSQL process)" do
+    setup %{dir: dir, url: url} do
+      chats = insert_chats(url, 30)
+      users = for _ <- chats, do: TestDB.uuid()
+      node = start_node(url)
+      # A warm pool: ten connections open, so the calls reach the server.
+      assert_serves(node, chats, users, "warm")
+      on_exit(fn -> Pg.signal!(dir, "CONT") end)
+      %{node: node, chats: chats, users: users}
+    end
+
+    defp freeze_and_call(dir, node, chats, users, n) do
+      probe = Node.call(node, Faults, :start_probe, [])
+      _pids = Pg.signal!(dir, "STOP")
+
+      calls =
+        for {c, u} <- chats |> Enum.zip(users) |> Enum.take(n),
+            do: {:acquire, [c, u, "frozen", 60]}
+
+      answers = Node.call(node, Faults, :timed_many, [calls])
+      max_delay = Node.call(node, Faults, :stop_probe, [probe])
+      {answers, max_delay}
+    end
+
+    @tag :slow
+    test "10 callers (one per dirty-I/O scheduler) raise Locks.Error :timeout within the " <>
+           "timeout, schedulers stay responsive, and calls succeed once it thaws",
+         %{dir: dir, node: node, chats: chats, users: users} do
+      {answers, max_delay} = freeze_and_call(dir, node, chats, users, 10)
+      assert max_delay < @probe_bound_ms, "a normal scheduler was unavailable for #{max_delay} ms"
+
+      for {answer, ms} <- answers do
+        assert {:raised, %Error{reason: :timeout}} = answer
+        assert ms >= @call_timeout_ms - 100 and ms <= @bound_ms
+      end
+
+      Pg.signal!(dir, "CONT")
+      # The thawed server first answers what was sent while it was frozen;
+      # then the same pool serves every call again.
+      held = fn -> Node.call(node, Race, :attempt, [:held?, [hd(chats), hd(users), "x"]]) end
+      assert :ok = Faults.until(fn -> match?({:ok, false}, held.()) end, 10_000)
+      assert_serves(node, chats, users, "thawed")
+    end
+
+    @tag :slow
+    test "30 callers: every one raises within the timeout + 1 s, and the VM's file I/O " <>
+           "stalls for one call timeout at most",
+         %{dir: dir, node: node, chats: chats, users: users} do
+      file_io = Node.async(node, Faults, :file_io_during, [200])
+      {answers, _max_delay} = freeze_and_call(dir, node, chats, users, 30)
+      {file_ms, _} = Node.await(node, file_io)
+      Pg.signal!(dir, "CONT")
+
+      slowest = answers |> Enum.map(&elem(&1, 1)) |> Enum.max()
+      assert Enum.all?(answers, &match?({{:raised, %Error{}}, _}, &1))
+
+      # Every call occupies a dirty-I/O scheduler (10 by default) while it
+      # waits, so callers beyond ten queue for one. The Native module stamps
+      # each call before that queue and the native side counts the queueing
+      # against the call's timeout: the callers queued behind the first ten
+      # fail at once when they get a scheduler, instead of waiting a whole
+      # timeout more each. What shares those schedulers (file I/O, code
+      # loading in interactive mode) stalls for as long as the first ten
+      # wait: one call timeout, not one per wave of ten callers.
+      assert slowest <= @bound_ms,
+             "the slowest call took #{slowest} ms (bound #{@bound_ms})"
+
+      assert file_ms <= @bound_ms,
+             "a 1-byte File.read! meanwhile took #{file_ms} ms (bound #{@bound_ms})"
+    end
+  end
+
+  describe "a chat row locked by another transaction" do
+    test "acquire/4 raises Locks.Error :statement 57014 after the statement timeout, " <>
+           "and takes the lock once the row is free",
+         %{url: url} do
+      [chat] = insert_chats(url, 1)
+      user = TestDB.uuid()
+      node = start_node(url)
+      psql = Psql.open!(url)
+
+      Psql.query!(
+        psql,
+        "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE"
+      )
+
+      [{answer, ms}] = Node.call(node, Faults, :timed_many, [[{:acquire, [chat, user, "t", 60]}]])
+      assert {:raised, %Error{reason: :statement, sqlstate: "57014"}} = answer
+      assert ms >= 900 and ms <= 1_000 + 1_000
+      # A read is not blocked by the row lock.
+      refute Node.call(node, Locks, :held?, [chat, user, "t"])
+
+      Psql.query!(psql, "ROLLBACK")
+      assert Node.call(node, Locks, :acquire, [chat, user, "t", 60]) == :ok
+      Psql.close(psql)
+    end
+  end
+end

@@ -1,0 +1,145 @@
+defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
+  # Pool pressure: 1,000 concurrent callers on a pool of 5, in a node of its
+  # own (the test VM's pool is shared with every other test) on a database
+  # of its own (so that pg_stat_activity shows this pool's connections only).
+  # A row held by another transaction keeps the five connections busy for a
+  # while, so that callers really wait for one and time out.
+  use ExUnit.Case, async: true
+
+  alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Psql, Scenarios}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
+
+  @moduletag :robustness
+
+  @pool_size 5
+  @checkout_timeout 200
+
+  defp connections(psql, db) do
+    psql
+    |> Psql.value!("""
+    SELECT count(*) FROM pg_stat_activity
+    WHERE datname = '#{db}' AND application_name = 'phoenix_kit_agent_locks'
+    """)
+    |> String.to_integer()
+  end
+
+  # Samples the pool's connections as fast as psql answers until `task` ends.
+  defp sample_until_done(psql, db, task, max \\ 0, samples \\ 0) do
+    max = max(max, connections(psql, db))
+
+    case Task.yield(task, 0) do
+      {:ok, result} -> {result, max, samples + 1}
+      nil -> sample_until_done(psql, db, task, max, samples + 1)
+    end
+  end
+
+  # The fastest of three runs of 200 sequential held? calls, each answered.
+  defp best_of_3(node, args) do
+    for _ <- 1..3, reduce: nil do
+      best ->
+        {us, [{:ok, false}]} = Node.call(node, Scenarios, :sequential, [:held?, args, 200])
+        if best, do: min(best, us), else: us
+    end
+  end
+
+  @tag :slow
+  test "1,000 callers on a pool of 5: each call completes or raises :pool_timeout, the " <>
+         "server never sees more than 5 connections, and the pool serves at full speed after" do
+    chats = for _ <- 1..100, do: TestDB.uuid()
+    values = Enum.map_join(chats, ",", &"('#{&1}')")
+
+    {db, url} =
+      Pg.create_database!("pool",
+        sql: "INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES #{values}"
+      )
+
+    [blocked | others] = chats
+    user = TestDB.uuid()
+
+    node =
+      Node.start!(
+        app_env: [
+          url: url,
+          pool_size: @pool_size,
+          checkout_timeout: @checkout_timeout,
+          connect_timeout: 2_000,
+          statement_timeout: 5_000
+        ]
+      )
+
+    # Before: how fast 200 calls run one after another on a warm pool.
+    {_, [{:ok, false}]} =
+      Node.call(node, Scenarios, :sequential, [:held?, [blocked, user, "x"], 50])
+
+    baseline_us = best_of_3(node, [blocked, user, "x"])
+
+    # Another transaction holds the row of `blocked` for 1.5 s: the calls on
+    # it keep their connections busy until it commits.
+    test = self()
+
+    release =
+      Task.async(fn ->
+        blocker = Psql.open!(url)
+
+        Psql.query!(blocker, """
+        BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{blocked}' FOR UPDATE
+        """)
+
+        send(test, :row_held)
+        Psql.query!(blocker, "SELECT pg_sleep(1.5); COMMIT")
+      end)
+
+    assert_receive :row_held, 10_000
+
+    calls =
+      for i <- 1..1_000 do
+        case rem(i, 10) do
+          0 -> {:acquire, [blocked, TestDB.uuid(), "p-#{i}", 60]}
+          r when r < 5 -> {:held?, [Enum.at(others, rem(i, 99)), user, "p-#{i}"]}
+          _ -> {:acquire, [Enum.at(others, rem(i, 99)), TestDB.uuid(), "p-#{i}", 60]}
+        end
+      end
+
+    sampler = Psql.open!(TestDB.url())
+    run = Task.async(fn -> Node.call(node, Faults, :timed_many, [calls]) end)
+    {answers, max_connections, samples} = sample_until_done(sampler, db, run)
+    Task.await(release)
+
+    # The server never saw more than pool_size connections of this pool.
+    assert max_connections <= @pool_size
+    assert max_connections > 0 and samples > 10
+
+    # Every call completed (an answer) or raised Locks.Error :pool_timeout.
+    odd =
+      for {answer, _ms} <- answers,
+          not match?({:ok, _}, answer),
+          not match?({:raised, %Error{reason: :pool_timeout}}, answer),
+          do: answer
+
+    assert odd == [], inspect(Enum.take(odd, 5))
+
+    timeouts = Enum.count(answers, &match?({{:raised, %Error{}}, _}, &1))
+    assert timeouts > 0, "no caller ever waited out the checkout timeout"
+    assert timeouts < 1_000
+
+    # Of the callers on the held row that got a connection, exactly one
+    # took the lock once the row was free.
+    on_blocked =
+      for {{:acquire, [^blocked | _]}, {{:ok, v}, _}} <- Enum.zip(calls, answers), do: v
+
+    assert Enum.count(on_blocked, &(&1 == :ok)) == 1
+    assert Enum.all?(on_blocked, &(&1 in [:ok, {:error, :conversation_busy}]))
+
+    # After: the same pool, no restart, every call answered, as fast as
+    # before. A pool left degraded (a slot lost, a dead connection kept)
+    # would cost a checkout timeout (200 ms) per call or raise; the margin
+    # is for the noise of a shared 2-core machine.
+    after_us = best_of_3(node, [blocked, user, "x"])
+
+    assert after_us <= 3 * baseline_us + 500_000,
+           "200 calls took #{div(after_us, 1000)} ms after, #{div(baseline_us, 1000)} ms before"
+
+    assert connections(sampler, db) <= @pool_size
+  end
+end

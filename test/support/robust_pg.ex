@@ -1,0 +1,206 @@
+defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
+  @moduledoc false
+  # PostgreSQL as the robustness tests need it beyond plain SQL:
+  #
+  #   * a SECOND cluster of their own (scripts/pg with LOCKS_PG_DIR), which
+  #     the fault tests stop with `pg_ctl stop -m immediate`, freeze with
+  #     SIGSTOP and start again. The first cluster (_build/pg) is shared with
+  #     everyone and is never stopped here.
+  #   * databases of their own on the shared cluster (created per run, with
+  #     a random suffix, dropped afterwards), for the variants of server
+  #     settings and for counters that only the test moves.
+
+  alias PhoenixKitAgent.Turns.Locks.TestDB
+
+  @doc "The fault cluster's directory: `_build/pg-faults` (as the README's scripts/pg expects)."
+  def faults_dir do
+    dir = Path.expand("_build/pg-faults")
+
+    # scripts/pg moves a cluster the postgres user cannot reach to /var/tmp,
+    # under a name derived from the checkout alone, and `rm -rf`s that place
+    # first: for a second cluster that would be the FIRST cluster's data.
+    # Creating the directory here (owned by postgres) keeps it from doing so;
+    # where postgres cannot reach _build, the cluster goes to a /var/tmp
+    # directory of its own.
+    dir =
+      if root?() and not postgres_can_reach?(Path.dirname(dir)),
+        do: "/var/tmp/phoenix_kit_agent_locks-pg-faults-#{:erlang.phash2(dir)}",
+        else: dir
+
+    File.mkdir_p!(dir)
+    if root?(), do: {_, 0} = System.cmd("chown", ["postgres:postgres", dir])
+    dir
+  end
+
+  defp root?, do: System.cmd("id", ["-u"]) |> elem(0) |> String.trim() == "0"
+
+  defp postgres_can_reach?(dir),
+    do: match?({_, 0}, System.cmd("runuser", ["-u", "postgres", "--", "test", "-x", dir]))
+
+  @doc """
+  Holds an exclusive lock on `dir` for as long as the calling process lives
+  (a `flock` child that waits on its stdin): two runs of the suite in one
+  checkout take turns with the fault cluster instead of stopping it under
+  each other.
+  """
+  def lock!(dir) do
+    port =
+      Port.open({:spawn_executable, System.find_executable("flock")}, [
+        :binary,
+        :exit_status,
+        {:line, 1024},
+        args: ["-x", Path.join(dir, ".robust.lock"), "-c", "echo locked; exec cat"]
+      ])
+
+    receive do
+      {^port, {:data, {:eol, "locked"}}} -> port
+    after
+      600_000 -> raise "could not lock #{dir} within 10 minutes"
+    end
+  end
+
+  @doc "Starts the cluster in `dir` (initdb the first time); its URL."
+  def start!(dir) do
+    {out, 0} = System.cmd(Path.expand("scripts/pg"), ["start"], env: [{"LOCKS_PG_DIR", dir}])
+    [_, url] = Regex.run(~r/DATABASE_URL='([^']+)'/, out)
+    url
+  end
+
+  @doc """
+  Moves the running cluster of `dir` to a port of its own and returns its
+  URL. The fault tests restart it on the same port (the nodes' URL must stay
+  valid), and while it is down two things can take that port: another
+  scripts/pg cluster starting meanwhile (it picks from 55432-55532), and the
+  nodes themselves: a client that keeps connecting to a closed local port
+  inside the kernel's ephemeral range (ip_local_port_range, often
+  32768-60999) eventually gets that very port as its source port and
+  connects to itself (TCP simultaneous open), holding it. So the port is
+  chosen outside both.
+  """
+  def own_port!(dir, url) do
+    current = port(dir)
+    range = own_ports()
+
+    port =
+      if current in range do
+        current
+      else
+        port = Enum.find(range, &free_port?/1) || raise "no free port in #{inspect(range)}"
+        {_, 0} = run(as_pg([pg_ctl(), "-D", Path.join(dir, "data"), "-m", "fast", "-w", "stop"]))
+        File.write!(Path.join(dir, "port"), "#{port}\n")
+        :ok = restart!(dir)
+        port
+      end
+
+    url |> URI.parse() |> Map.put(:port, port) |> URI.to_string()
+  end
+
+  # 100 ports below the ephemeral range, or else above it.
+  defp own_ports do
+    [low, high] =
+      case File.read("/proc/sys/net/ipv4/ip_local_port_range") do
+        {:ok, text} -> text |> String.split() |> Enum.map(&String.to_integer/1)
+        {:error, _} -> [32_768, 60_999]
+      end
+
+    cond do
+      low > 15_531 -> 15_432..15_531
+      high < 65_000 -> (high + 100)..(high + 199)
+      true -> raise "no port range outside the ephemeral ports #{low}-#{high}"
+    end
+  end
+
+  defp port(dir),
+    do: dir |> Path.join("port") |> File.read!() |> String.trim() |> String.to_integer()
+
+  defp free_port?(port) do
+    case :gen_tcp.listen(port, ip: {127, 0, 0, 1}) do
+      {:ok, socket} -> :gen_tcp.close(socket) == :ok
+      {:error, _} -> false
+    end
+  end
+
+  @doc "Starts the cluster of `dir` again (on its own port) unless it runs."
+  def ensure_running!(dir) do
+    case run(as_pg([pg_ctl(), "-D", Path.join(dir, "data"), "status"])) do
+      {_, 0} -> :ok
+      _ -> restart!(dir)
+    end
+  end
+
+  @doc "Stops it the polite way (scripts/pg stop)."
+  def stop!(dir) do
+    {_, 0} = System.cmd(Path.expand("scripts/pg"), ["stop"], env: [{"LOCKS_PG_DIR", dir}])
+    :ok
+  end
+
+  @doc "The `pg_ctl stop -m immediate` command for `dir`, as `[executable | args]`."
+  def crash_command(dir),
+    do: as_pg([pg_ctl(), "-D", Path.join(dir, "data"), "-m", "immediate", "-w", "stop"])
+
+  @doc "Starts the stopped cluster again on the port it had (the URL stays valid)."
+  def restart!(dir) do
+    port = dir |> Path.join("port") |> File.read!() |> String.trim()
+    data = Path.join(dir, "data")
+    log = Path.join(dir, "server.log")
+
+    [exe | args] =
+      as_pg([pg_ctl(), "-D", data, "-l", log, "-o", "-p #{port}", "-w", "-t", "60", "start"])
+
+    {out, status} = System.cmd(exe, args, stderr_to_stdout: true)
+    if status != 0, do: raise("pg_ctl start failed (#{status}): #{out}")
+    :ok
+  end
+
+  @doc "Sends `signal` (\"STOP\", \"CONT\") to the postmaster of `dir` and all its children."
+  def signal!(dir, signal) do
+    [postmaster | _] =
+      dir |> Path.join("data/postmaster.pid") |> File.read!() |> String.split("\n")
+
+    {children, _} = System.cmd("pgrep", ["-P", postmaster])
+    pids = [postmaster | String.split(children, "\n", trim: true)]
+    # A backend may have exited since pgrep listed it: that is no failure.
+    System.cmd("kill", ["-#{signal}" | pids], stderr_to_stdout: true)
+    pids
+  end
+
+  @doc "Runs `cmd` (`[executable | args]`); its exit status and output."
+  def run([exe | args]), do: System.cmd(exe, args, stderr_to_stdout: true)
+
+  defp pg_ctl do
+    "/usr/lib/postgresql/*/bin/pg_ctl"
+    |> Path.wildcard()
+    |> Enum.sort_by(&(&1 |> Path.split() |> Enum.at(-3) |> String.to_integer()))
+    |> List.last() || raise "no pg_ctl"
+  end
+
+  defp as_pg(cmd), do: if(root?(), do: ["runuser", "-u", "postgres", "--" | cmd], else: cmd)
+
+  # -- databases of the test's own on the shared cluster --------------------------
+
+  @doc """
+  Creates a database `locks_robust_<name>_<random>` on the shared cluster,
+  runs `sql` in it (after the library's tables are made), and returns
+  `{dbname, url}`. It is dropped when the test ends.
+  """
+  def create_database!(name, opts \\ []) do
+    db = "locks_robust_#{name}_#{System.unique_integer([:positive])}_#{:rand.uniform(1_000_000)}"
+    TestDB.query!("CREATE DATABASE #{db}")
+
+    ExUnit.Callbacks.on_exit(fn ->
+      TestDB.query!("DROP DATABASE IF EXISTS #{db} WITH (FORCE)")
+    end)
+
+    for setting <- Keyword.get(opts, :settings, []),
+        do: TestDB.query!("ALTER DATABASE #{db} SET #{setting}")
+
+    url = database_url(db)
+    tables = PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil)
+    TestDB.query!(tables <> ";\n" <> Keyword.get(opts, :sql, "SELECT 1"), url)
+    {db, url}
+  end
+
+  @doc "The shared cluster's URL, for database `db`."
+  def database_url(db),
+    do: TestDB.url() |> URI.parse() |> Map.put(:path, "/" <> db) |> URI.to_string()
+end

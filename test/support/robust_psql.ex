@@ -1,0 +1,92 @@
+defmodule PhoenixKitAgent.Turns.Locks.Robust.Psql do
+  @moduledoc false
+  # A long-lived `psql` session driven through a port: one query costs a
+  # fraction of a millisecond instead of the ~30 ms of a fresh `psql` process,
+  # which is what the robustness tests need to backdate rows inside a race,
+  # sample `pg_stat_activity` while a load runs, or increment a counter
+  # (hex is unreachable: there is no Postgrex).
+  #
+  # The session belongs to the process that opened it (the port's owner).
+  # Every query ends with `\echo` of a marker, so the answer is the lines
+  # before the marker; psql prints errors as `ERROR:  …` lines, which raise.
+
+  defstruct [:port, :url]
+
+  @marker "__robust_psql_end__"
+
+  @doc "Opens a session on `url` (psql's own connection, not the library's)."
+  def open!(url, env \\ []) do
+    psql = System.find_executable("psql") || raise "psql not found"
+
+    port =
+      Port.open({:spawn_executable, psql}, [
+        :binary,
+        :exit_status,
+        :use_stdio,
+        :stderr_to_stdout,
+        {:line, 1_048_576},
+        {:env, Enum.map([{"PGCONNECT_TIMEOUT", "10"} | env], &charlists/1)},
+        args: ["-X", "-q", "-A", "-t", "-F", "\t", "-P", "null=\\N", "-d", url]
+      ])
+
+    session = %__MODULE__{port: port, url: url}
+    # NOTICEs would come back as rows.
+    [] = query!(session, "SET client_min_messages = warning")
+    session
+  end
+
+  defp charlists({k, v}),
+    do: {String.to_charlist(k), if(v, do: String.to_charlist(v), else: false)}
+
+  @doc "Runs `sql` (one or more statements) and returns the rows as lists of strings."
+  def query!(%__MODULE__{port: port} = session, sql, timeout \\ 30_000) do
+    Port.command(port, [sql, ";\n\\echo ", @marker, "\n"])
+    lines = collect(session, [], [], System.monotonic_time(:millisecond) + timeout)
+
+    case Enum.find(lines, &(&1 =~ ~r/^(psql:.*)?(ERROR|FATAL|PANIC):/)) do
+      nil ->
+        Enum.map(lines, fn line ->
+          line |> String.split("\t") |> Enum.map(&if(&1 == "\\N", do: nil, else: &1))
+        end)
+
+      _error ->
+        raise "psql: #{Enum.join(lines, "\n")}\n-- in: #{sql}"
+    end
+  end
+
+  defp collect(%{port: port} = session, partial, acc, deadline) do
+    wait = max(deadline - System.monotonic_time(:millisecond), 0)
+
+    receive do
+      {^port, {:data, {:noeol, chunk}}} ->
+        collect(session, [partial, chunk], acc, deadline)
+
+      {^port, {:data, {:eol, chunk}}} ->
+        case IO.iodata_to_binary([partial, chunk]) do
+          @marker -> Enum.reverse(acc)
+          line -> collect(session, [], [line | acc], deadline)
+        end
+
+      {^port, {:exit_status, status}} ->
+        raise "psql exited with #{status}: #{Enum.join(Enum.reverse(acc), "\n")}"
+    after
+      wait -> raise "psql: no answer within the deadline"
+    end
+  end
+
+  @doc "One value of the only row, or nil."
+  def value!(session, sql) do
+    case query!(session, sql) do
+      [[value | _] | _] -> value
+      [] -> nil
+    end
+  end
+
+  @doc "Ends the session."
+  def close(%__MODULE__{port: port}) do
+    if Port.info(port), do: Port.close(port)
+    :ok
+  catch
+    :error, _ -> :ok
+  end
+end

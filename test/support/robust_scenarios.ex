@@ -1,0 +1,398 @@
+defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios do
+  @moduledoc false
+  # Functions the robustness tests run inside a child node (Robust.Node):
+  # test modules are compiled in the test VM only, support modules are in
+  # the build's ebin that the child loads.
+
+  alias PhoenixKitAgent.Turns.Locks
+
+  @doc "A running turn: checks its locks round after round, until it is not held or killed."
+  def run_turn(chat, user, turn) do
+    if Locks.held?(chat, user, turn), do: run_turn(chat, user, turn), else: :lost
+  end
+
+  @doc "What a failed call of Locks looks like when formatted with its stacktrace, as a log would."
+  def formatted_failure(fun, args) do
+    apply(Locks, fun, args)
+    :no_failure
+  rescue
+    e -> Exception.format(:error, e, __STACKTRACE__)
+  end
+
+  @doc "`n` calls of `fun` one after another: `{microseconds in all, distinct answers}`."
+  def sequential(fun, args, n) do
+    {us, answers} =
+      :timer.tc(fn ->
+        for _ <- 1..n, do: PhoenixKitAgent.Turns.Locks.Robust.Race.attempt(fun, args)
+      end)
+
+    {us, Enum.uniq(answers)}
+  end
+end
+
+defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults do
+  @moduledoc false
+  # A load of lock calls in a child node while the test breaks the database
+  # under it, with a probe of the normal schedulers and bystander processes.
+  #
+  # `run/1` starts `workers` processes, each calling the library in a loop
+  # on a chat of its own (acquire, held?, fresh?, release) and recording
+  # `{started_ms, ended_ms, answer}` for every call (monotonic, this node's);
+  # once `warm` calls have succeeded it runs `fault` (a command, e.g.
+  # `pg_ctl stop -m immediate`), keeps the load going for `after_ms`, stops
+  # it and returns everything the test asserts on.
+
+  alias PhoenixKitAgent.Turns.Locks.Robust.Race
+
+  def run(%{chats: chats, users: users, fault: fault, warm: warm, after_ms: after_ms}) do
+    successes = :counters.new(1, [])
+    probe = start_probe()
+    bystanders = for _ <- 1..5, do: spawn(fn -> receive do: (:never -> :ok) end)
+
+    workers =
+      for {{chat, user}, w} <- Enum.with_index(Enum.zip(chats, users)) do
+        spawn(fn -> work(chat, user, "load-#{w}", successes, 0, []) end)
+      end
+
+    :ok = until(fn -> :counters.get(successes, 1) >= warm end, 60_000)
+
+    t0 = now()
+    {fault_output, fault_status} = PhoenixKitAgent.Turns.Locks.Robust.Pg.run(fault)
+    t1 = now()
+
+    # The load runs on against the broken database for `after_ms`.
+    receive do
+    after
+      after_ms -> :ok
+    end
+
+    records =
+      Enum.flat_map(workers, fn pid ->
+        ref = Process.monitor(pid)
+        send(pid, {:stop, self()})
+
+        receive do
+          {:records, ^pid, records} -> records
+          {:DOWN, ^ref, _, _, reason} -> [{:worker_crashed, reason}]
+        end
+      end)
+
+    %{
+      records: records,
+      fault: {t0, t1, fault_status, fault_output},
+      probe_max_ms: stop_probe(probe),
+      bystanders_alive: Enum.all?(bystanders, &Process.alive?/1)
+    }
+  end
+
+  defp work(chat, user, turn, successes, n, acc) do
+    receive do
+      {:stop, from} -> send(from, {:records, self(), acc})
+    after
+      0 ->
+        {fun, args} =
+          case rem(n, 4) do
+            0 -> {:acquire, [chat, user, turn, 3600]}
+            1 -> {:held?, [chat, user, turn]}
+            2 -> {:fresh?, [chat, turn, 3600]}
+            3 -> {:release, [chat, user, turn]}
+          end
+
+        started = now()
+        answer = Race.attempt(fun, args)
+        record = {started, now(), fun, answer}
+        if match?({:ok, _}, answer), do: :counters.add(successes, 1, 1)
+        work(chat, user, turn, successes, n + 1, [record | acc])
+    end
+  end
+
+  @doc "Calls `fun` until it returns true, for at most `ms` (polling a real event)."
+  def until(fun, ms) do
+    deadline = now() + ms
+
+    Stream.repeatedly(fn ->
+      cond do
+        fun.() -> :ok
+        now() > deadline -> :timeout
+        true -> receive(do: (:never -> :ok), after: (10 -> nil))
+      end
+    end)
+    |> Enum.find(& &1)
+  end
+
+  @doc "Runs `calls` (`{fun, args}` of Locks) at once in this node: `[{answer, ms}]`, in order."
+  def timed_many(calls) do
+    me = self()
+
+    for {{fun, args}, i} <- Enum.with_index(calls) do
+      spawn(fn ->
+        started = now()
+        answer = Race.attempt(fun, args)
+        send(me, {:timed, i, {answer, now() - started}})
+      end)
+    end
+
+    for i <- 0..(length(calls) - 1)//1 do
+      receive do
+        {:timed, ^i, result} -> result
+      end
+    end
+  end
+
+  @doc """
+  After `delay_ms`, times a 1-byte `File.read!/1` (file I/O runs on the
+  dirty-I/O schedulers, as the lock calls do): `{ms, content}`.
+  """
+  def file_io_during(delay_ms) do
+    path = Path.join(System.tmp_dir!(), "robust_file_io_#{System.unique_integer([:positive])}")
+    File.write!(path, "x")
+
+    receive do
+    after
+      delay_ms -> :ok
+    end
+
+    started = now()
+    content = File.read!(path)
+    ms = now() - started
+    File.rm(path)
+    {ms, content}
+  end
+
+  @doc "Starts the probe of the normal schedulers; `stop_probe/1` gives the longest delay in ms."
+  def start_probe do
+    spawn(fn ->
+      echo = spawn_link(fn -> echo() end)
+      probe(echo, 0)
+    end)
+  end
+
+  defp echo do
+    receive do
+      {:ping, from} -> send(from, :pong)
+    end
+
+    echo()
+  end
+
+  # The probe: every 5 ms a message round trip to another process. The
+  # longest delay seen (a round trip, or a wake-up later than asked) is how
+  # long the normal schedulers were unavailable.
+  defp probe(echo, max) do
+    asleep = System.monotonic_time(:microsecond)
+
+    receive do
+      {:stop, from} -> send(from, {:probe_max, max})
+    after
+      5 ->
+        started = System.monotonic_time(:microsecond)
+        send(echo, {:ping, self()})
+
+        receive do
+          :pong -> :ok
+        end
+
+        late = started - asleep - 5_000
+        rtt = System.monotonic_time(:microsecond) - started
+        probe(echo, Enum.max([max, late, rtt]))
+    end
+  end
+
+  def stop_probe(probe) do
+    send(probe, {:stop, self()})
+
+    receive do
+      {:probe_max, us} -> us / 1000
+    end
+  end
+
+  defp now, do: System.monotonic_time(:millisecond)
+end
+
+defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
+  @moduledoc false
+  # One scenario of TTL boundaries, run by a child node against a database
+  # of its own (a `busy_since` column type, a server TimeZone) with the
+  # node's own TZ set far off. It returns what happened as a list of
+  # `{step, outcome}`: the test runs it on every variant and compares the
+  # lists, which must be identical and equal to the expected one.
+  #
+  # The SQL side (backdating, reading ages) goes through a psql session
+  # pinned to UTC, so that `extract(epoch FROM busy_since)` is the same
+  # instant for both column types when the library stores UTC.
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.TestDB
+  alias PhoenixKitAgent.Turns.Locks.Robust.Psql
+
+  def run(url) do
+    psql = Psql.open!(url, [{"PGTZ", "UTC"}])
+    [chat, chat2, chat3, chat4] = for _ <- 1..4, do: insert_chat(psql)
+    [user, user2, user3, user4, user5] = for _ <- 1..5, do: TestDB.uuid()
+    back = fn kind, id, s -> back(psql, kind, id, s) end
+    age = fn kind, id, expected -> age(psql, kind, id, expected) end
+
+    steps = [
+      # The stored busy_since is the database's now() as UTC, for either type.
+      {:stored_since,
+       fn -> stored_since(psql, fn -> Locks.acquire(chat, user, "t1", 60) end, chat, user) end},
+      {:second_turn_same_chat, fn -> Locks.acquire(chat, user2, "t2", 60) end},
+      # 50 s old: ten seconds short of the TTL (a time zone error is hours).
+      {:backdated_50_s_still_busy,
+       fn ->
+         back.(:chat, chat, 50)
+         back.(:user, user, 50)
+
+         {Locks.acquire(chat, user2, "t2", 60), Locks.fresh?(chat, "t1", 60),
+          Locks.release_stale(chat, user, "t1", 60)}
+       end},
+      {:age_seen_by_the_db, fn -> age.(:chat, chat, 50) end},
+      {:backdated_61_s_taken_over,
+       fn ->
+         back.(:chat, chat, 11)
+         back.(:user, user, 11)
+         {Locks.fresh?(chat, "t1", 60), Locks.acquire(chat, user2, "t3", 60)}
+       end},
+      {:after_take_over,
+       fn ->
+         {Locks.held?(chat, user, "t1"), Locks.held?(chat, user2, "t3"),
+          Locks.release(chat, user, "t1"), Locks.held?(chat, user2, "t3")}
+       end},
+      {:stale_cleanup,
+       fn ->
+         back.(:chat, chat, 61)
+         back.(:user, user2, 61)
+
+         {Locks.release_stale(chat, user2, "t3", 60), Locks.release_stale(chat, user2, "t3", 60),
+          lock(psql, :chat, chat), lock(psql, :user, user2)}
+       end},
+      {:click_dated_back_by_ttl_minus_hold,
+       fn -> {Locks.acquire_user(user3, Locks.click_ref(), 60, 10), age.(:user, user3, 50)} end},
+      {:turn_refused_by_the_click, fn -> Locks.acquire(chat2, user3, "t4", 60) end},
+      {:turn_takes_over_after_hold,
+       fn ->
+         back.(:user, user3, 11)
+         Locks.acquire(chat2, user3, "t4", 60)
+       end},
+      {:keep_user_redates,
+       fn ->
+         click = Locks.click_ref()
+         :ok = Locks.acquire_user(user4, click, 60, 10)
+         back.(:user, user4, 30)
+
+         {Locks.keep_user(user4, click, 60, 10), age.(:user, user4, 50),
+          Locks.acquire(chat3, user4, "t5", 60)}
+       end},
+      {:host_wrote_a_lock_30_s_ago,
+       fn ->
+         # As a host would (Ecto :utc_datetime): UTC, 30 s before the DB's now.
+         Psql.query!(psql, """
+         UPDATE phoenix_kit_agent_conversations
+         SET busy_turn_ref = 'host', busy_since = now() - interval '30 s' WHERE uuid = '#{chat4}'
+         """)
+
+         {Locks.fresh?(chat4, "host", 60), Locks.fresh?(chat4, "host", 20),
+          Locks.acquire(chat4, user5, "t6", 60), Locks.acquire(chat4, user5, "t7", 20)}
+       end}
+    ]
+
+    outcomes = for {name, step} <- steps, do: {name, step.()}
+    Psql.close(psql)
+    %{outcomes: outcomes, node_utc_offset_s: node_utc_offset_s(), db_timezone: db_timezone(url)}
+  end
+
+  defp insert_chat(psql) do
+    id = TestDB.uuid()
+    Psql.query!(psql, "INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES ('#{id}')")
+    id
+  end
+
+  defp table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
+  defp table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
+
+  defp back(psql, kind, id, seconds) do
+    {table, key} = table(kind)
+
+    Psql.query!(
+      psql,
+      "UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second' WHERE #{key} = '#{id}'"
+    )
+  end
+
+  # Whole seconds between the DB's now() and busy_since, both read as UTC
+  # instants: `{:about, expected}` when within 3 s above `expected` (the
+  # scenario's own run time), else the age itself.
+  defp age(psql, kind, id, expected) do
+    {table, key} = table(kind)
+
+    age =
+      psql
+      |> Psql.value!("""
+      SELECT floor(extract(epoch FROM now()) - extract(epoch FROM busy_since))::int
+      FROM #{table} WHERE #{key} = '#{id}'
+      """)
+      |> String.to_integer()
+
+    if age in expected..(expected + 3), do: {:about, expected}, else: {:age, age}
+  end
+
+  defp lock(psql, kind, id) do
+    {table, key} = table(kind)
+
+    [row] =
+      Psql.query!(psql, "SELECT busy_turn_ref, busy_since FROM #{table} WHERE #{key} = '#{id}'")
+
+    row
+  end
+
+  # busy_since (read as a UTC instant) lies between the DB's clock read just
+  # before and just after the call: it is the DB's now(), not shifted by a
+  # time zone (a shift would be hours off).
+  defp stored_since(psql, call, chat, user) do
+    clock = fn ->
+      psql
+      |> Psql.value!("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+      |> String.to_integer()
+    end
+
+    before = clock.()
+    answer = call.()
+    after_ = clock.()
+
+    since = fn {table, key}, id ->
+      psql
+      |> Psql.value!(
+        "SELECT (extract(epoch FROM busy_since) * 1000000)::bigint FROM #{table} WHERE #{key} = '#{id}'"
+      )
+      |> String.to_integer()
+    end
+
+    verdict = fn us ->
+      if us >= before and us <= after_,
+        do: :db_now_utc,
+        else: {:off_by_s, div(us - before, 1_000_000)}
+    end
+
+    {answer, verdict.(since.(table(:chat), chat)), verdict.(since.(table(:user), user))}
+  end
+
+  defp node_utc_offset_s do
+    utc = :calendar.universal_time()
+    local = :calendar.universal_time_to_local_time(utc)
+    :calendar.datetime_to_gregorian_seconds(local) - :calendar.datetime_to_gregorian_seconds(utc)
+  end
+
+  defp db_timezone(url) do
+    [[tz, type]] =
+      TestDB.query!(
+        """
+        SELECT current_setting('TimeZone'),
+               (SELECT data_type FROM information_schema.columns
+                WHERE table_name = 'phoenix_kit_agent_conversations' AND column_name = 'busy_since')
+        """,
+        url
+      )
+
+    {tz, type}
+  end
+end
