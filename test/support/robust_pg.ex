@@ -70,7 +70,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
   Moves the running cluster of `dir` to a port of its own and returns its
   URL. The fault tests restart it on the same port (the nodes' URL must stay
   valid), and while it is down two things can take that port: another
-  scripts/pg cluster starting meanwhile (it picks from 55432-55532), and the
+  scripts/pg cluster starting meanwhile (it picks from 25432-25532), and the
   nodes themselves: a client that keeps connecting to a closed local port
   inside the kernel's ephemeral range (ip_local_port_range, often
   32768-60999) eventually gets that very port as its source port and
