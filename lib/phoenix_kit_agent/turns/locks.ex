@@ -65,7 +65,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @click_prefix "click:"
   @max_ttl_s 315_360_000
   @max_ref_bytes 255
-  @uuid ~r/\A[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\z/
 
   @doc """
   Takes both locks for `turn_ref`, or neither.
@@ -231,11 +230,22 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # Argument checks. Each raises ArgumentError naming the argument before
   # anything reaches the native side (which checks again on its own).
 
-  defp uuid!(name, value) when is_binary(value) do
-    if Regex.match?(@uuid, value), do: value, else: bad!(name, "a hyphenated UUID string", value)
+  # A binary pattern, not a regex: this runs on every call (a regex cost ~4 µs).
+  defp uuid!(
+         name,
+         <<a::binary-8, ?-, b::binary-4, ?-, c::binary-4, ?-, d::binary-4, ?-, e::binary-12>> =
+           value
+       ) do
+    if hex?(a) and hex?(b) and hex?(c) and hex?(d) and hex?(e),
+      do: value,
+      else: bad!(name, "a hyphenated UUID string", value)
   end
 
   defp uuid!(name, value), do: bad!(name, "a hyphenated UUID string", value)
+
+  defp hex?(<<c, rest::binary>>) when c in ?0..?9 or c in ?a..?f or c in ?A..?F, do: hex?(rest)
+  defp hex?(<<>>), do: true
+  defp hex?(_), do: false
 
   defp turn_ref!(@click_prefix <> _ = value),
     do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value)
