@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
+use tokio_postgres::{Row, Statement};
 
 use crate::args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 use crate::config::Config;
@@ -16,9 +16,9 @@ use crate::sql::Statements;
 ///
 /// Building one connects nothing; calls open connections as they need them.
 /// Each connection prepares a statement the first time it runs it and keeps
-/// it (`prepare_cached`), so from then on a call is one round trip. Every call checks a
-/// connection out, runs one prepared statement and gives it back, all within
-/// [`Config::call_timeout`]. A connection that broke (the server restarted,
+/// it (`prepare_cached`), so from then on a call is one round trip. Every
+/// call checks a connection out, runs one prepared statement and gives it
+/// back, all within [`Config::call_timeout`]. A connection that broke (the server restarted,
 /// the network dropped) is noticed when it is next checked out and replaced.
 pub struct Locks {
     pool: Pool,
@@ -72,8 +72,7 @@ impl Locks {
     /// Runs one prepared statement and returns its only row, within the deadline.
     async fn query_one(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Row> {
         self.within_deadline(async {
-            let client = self.checkout().await?;
-            let statement = client.prepare_cached(sql).await?;
+            let (client, statement) = self.prepared(sql).await?;
             Ok(client.query_one(&statement, params).await?)
         })
         .await
@@ -82,14 +81,20 @@ impl Locks {
     /// Runs one prepared statement that returns no rows; the rows it changed.
     async fn execute(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
         self.within_deadline(async {
-            let client = self.checkout().await?;
-            let statement = client.prepare_cached(sql).await?;
+            let (client, statement) = self.prepared(sql).await?;
             Ok(client.execute(&statement, params).await?)
         })
         .await
     }
 
-    async fn checkout(&self) -> Result<deadpool_postgres::Object> {
+    /// A pooled connection and `sql` prepared on it (once per connection).
+    async fn prepared(&self, sql: &str) -> Result<(Object, Statement)> {
+        let client = self.checkout().await?;
+        let statement = client.prepare_cached(sql).await?;
+        Ok((client, statement))
+    }
+
+    async fn checkout(&self) -> Result<Object> {
         self.pool.get().await.map_err(|e| {
             Error::from_pool(e, self.config.checkout_timeout, self.config.connect_timeout)
         })

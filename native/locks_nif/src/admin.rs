@@ -64,7 +64,7 @@ impl<'a> Decoder<'a> for StartOptions {
 /// Checks the options and installs a new pool (closing the previous one).
 /// Connects nothing; reads the CA file when a verifying `sslmode` names one.
 #[rustler::nif(schedule = "DirtyIo")]
-fn start(options: StartOptions) -> rustler::NifResult<Atom> {
+fn start(options: StartOptions) -> NifResult<Atom> {
     let config = Config::new(&Options {
         url: options.url.as_deref().unwrap_or(""),
         host: options.host.as_deref(),
@@ -93,37 +93,52 @@ fn stop() -> Atom {
     atoms::ok()
 }
 
+/// Which DDL: `:tables` or `:lock_columns`; any other atom is a bad argument.
+#[derive(Clone, Copy)]
+enum Ddl {
+    Tables,
+    LockColumns,
+}
+
+impl Ddl {
+    fn from_atom(kind: Atom) -> NifResult<Self> {
+        if kind == atoms::tables() {
+            Ok(Ddl::Tables)
+        } else if kind == atoms::lock_columns() {
+            Ok(Ddl::LockColumns)
+        } else {
+            Err(rustler::Error::BadArg)
+        }
+    }
+
+    /// The text, for tables qualified by `schema` (already quoted).
+    fn sql(self, schema: Option<&str>) -> String {
+        match self {
+            Ddl::Tables => schema::tables(schema),
+            Ddl::LockColumns => schema::lock_columns(schema),
+        }
+    }
+}
+
 /// The DDL for `kind` (`:tables` or `:lock_columns`) under `prefix` (or none).
 #[rustler::nif]
-fn ddl(kind: Atom, prefix: Option<String>) -> rustler::NifResult<String> {
+fn ddl(kind: Atom, prefix: Option<String>) -> NifResult<String> {
+    let kind = Ddl::from_atom(kind)?;
     let schema = prefix
         .as_deref()
         .map(schema::quote_schema)
         .transpose()
         .map_err(raise)?;
-    if kind == atoms::tables() {
-        Ok(schema::tables(schema.as_deref()))
-    } else if kind == atoms::lock_columns() {
-        Ok(schema::lock_columns(schema.as_deref()))
-    } else {
-        Err(rustler::Error::BadArg)
-    }
+    Ok(kind.sql(schema.as_deref()))
 }
 
 /// Runs the DDL for `kind` on the installed pool, under its prefix. Any
 /// other `kind` is a bad argument, checked before the pool is touched.
 #[rustler::nif(schedule = "DirtyIo")]
-fn setup(kind: Atom) -> rustler::NifResult<Atom> {
-    if kind != atoms::tables() && kind != atoms::lock_columns() {
-        return Err(rustler::Error::BadArg);
-    }
+fn setup(kind: Atom) -> NifResult<Atom> {
+    let kind = Ddl::from_atom(kind)?;
     let locks = global::current().map_err(raise)?;
-    let schema = locks.config().schema();
-    let ddl = if kind == atoms::lock_columns() {
-        schema::lock_columns(schema)
-    } else {
-        schema::tables(schema)
-    };
+    let ddl = kind.sql(locks.config().schema());
     global::block_on(locks.run_ddl(&ddl))
         .map_err(raise)?
         .map_err(raise)?;
@@ -139,7 +154,7 @@ fn loaded() -> bool {
 /// The text of every statement as the installed pool runs it, by function
 /// name: what `mix locks.bench` sends to pgbench to compare against.
 #[rustler::nif]
-fn statements() -> rustler::NifResult<Vec<(String, String)>> {
+fn statements() -> NifResult<Vec<(String, String)>> {
     let locks = global::current().map_err(raise)?;
     Ok(locks
         .statements()

@@ -13,7 +13,7 @@ use crate::error::raise;
 /// error once.
 macro_rules! call {
     ($queued_at:expr, |$locks:ident| $body:expr) => {{
-        let queued_at = queued_at_us($queued_at).map_err(raise)?;
+        let queued_at = queued_at_us($queued_at)?;
         let $locks = global::current().map_err(raise)?;
         global::call(&$locks, queued_at, $body).map_err(raise)?
     }};
@@ -32,11 +32,8 @@ fn acquire<'a>(
     ttl_s: Term<'a>,
     queued_at: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let (chat, user) = (
-        uuid("conversation_uuid", chat).map_err(raise)?,
-        uuid("user_uuid", user).map_err(raise)?,
-    );
-    let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
+    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
+    let (turn, ttl) = (turn_ref(turn)?, ttl(ttl_s)?);
     Ok(
         match call!(queued_at, |locks| locks.acquire(&chat, &user, turn, ttl)) {
             Acquire::Acquired => atoms::ok().encode(env),
@@ -56,12 +53,9 @@ fn acquire_user<'a>(
     hold_s: Term<'a>,
     queued_at: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let (user, click) = (
-        uuid("user_uuid", user).map_err(raise)?,
-        click_ref(click).map_err(raise)?,
-    );
-    let ttl = ttl(ttl_s).map_err(raise)?;
-    let hold = hold(hold_s, ttl).map_err(raise)?;
+    let (user, click) = (uuid("user_uuid", user)?, click_ref(click)?);
+    let ttl = ttl(ttl_s)?;
+    let hold = hold(hold_s, ttl)?;
     Ok(
         match call!(queued_at, |locks| locks
             .acquire_user(&user, click, ttl, hold))
@@ -75,18 +69,15 @@ fn acquire_user<'a>(
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn fresh(chat: Term<'_>, turn: Term<'_>, ttl_s: Term<'_>, queued_at: Term<'_>) -> NifResult<bool> {
-    let chat = uuid("conversation_uuid", chat).map_err(raise)?;
-    let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
+    let chat = uuid("conversation_uuid", chat)?;
+    let (turn, ttl) = (turn_ref(turn)?, ttl(ttl_s)?);
     Ok(call!(queued_at, |locks| locks.fresh(&chat, turn, ttl)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn held(chat: Term<'_>, user: Term<'_>, turn: Term<'_>, queued_at: Term<'_>) -> NifResult<bool> {
-    let (chat, user) = (
-        uuid("conversation_uuid", chat).map_err(raise)?,
-        uuid("user_uuid", user).map_err(raise)?,
-    );
-    let turn = turn_ref(turn).map_err(raise)?;
+    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
+    let turn = turn_ref(turn)?;
     Ok(call!(queued_at, |locks| locks.held(&chat, &user, turn)))
 }
 
@@ -98,22 +89,16 @@ fn keep_user(
     hold_s: Term<'_>,
     queued_at: Term<'_>,
 ) -> NifResult<bool> {
-    let (user, click) = (
-        uuid("user_uuid", user).map_err(raise)?,
-        click_ref(click).map_err(raise)?,
-    );
-    let ttl = ttl(ttl_s).map_err(raise)?;
-    let hold = hold(hold_s, ttl).map_err(raise)?;
+    let (user, click) = (uuid("user_uuid", user)?, click_ref(click)?);
+    let ttl = ttl(ttl_s)?;
+    let hold = hold(hold_s, ttl)?;
     Ok(call!(queued_at, |locks| locks.keep_user(&user, click, ttl, hold)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn release(chat: Term<'_>, user: Term<'_>, turn: Term<'_>, queued_at: Term<'_>) -> NifResult<Atom> {
-    let (chat, user) = (
-        uuid("conversation_uuid", chat).map_err(raise)?,
-        uuid("user_uuid", user).map_err(raise)?,
-    );
-    let turn = turn_ref(turn).map_err(raise)?;
+    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
+    let turn = turn_ref(turn)?;
     call!(queued_at, |locks| locks.release(&chat, &user, turn));
     Ok(atoms::ok())
 }
@@ -126,21 +111,15 @@ fn release_stale(
     ttl_s: Term<'_>,
     queued_at: Term<'_>,
 ) -> NifResult<bool> {
-    let (chat, user) = (
-        uuid("conversation_uuid", chat).map_err(raise)?,
-        uuid("user_uuid", user).map_err(raise)?,
-    );
-    let (turn, ttl) = (turn_ref(turn).map_err(raise)?, ttl(ttl_s).map_err(raise)?);
+    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
+    let (turn, ttl) = (turn_ref(turn)?, ttl(ttl_s)?);
     Ok(call!(queued_at, |locks| locks
         .release_stale(&chat, &user, turn, ttl)))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn release_user(user: Term<'_>, click: Term<'_>, queued_at: Term<'_>) -> NifResult<Atom> {
-    let (user, click) = (
-        uuid("user_uuid", user).map_err(raise)?,
-        click_ref(click).map_err(raise)?,
-    );
+    let (user, click) = (uuid("user_uuid", user)?, click_ref(click)?);
     call!(queued_at, |locks| locks.release_user(&user, click));
     Ok(atoms::ok())
 }
