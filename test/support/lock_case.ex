@@ -380,26 +380,25 @@ end
 
 defmodule PhoenixKitAgent.Turns.LockCase.SQL do
   @moduledoc false
-  # One psql process for the whole test run, fed statements on stdin. It is
-  # started by the first query (unlinked, so it outlives the test that started
-  # it) and ends with the VM, when psql reads end of input. Statements are
-  # serialized through this process; each takes well under a millisecond.
+  # One psql session (Robust.Psql) for the whole test run, owned by this
+  # process and shared by every test. It is started by the first query
+  # (unlinked, so it outlives the test that started it) and ends with the VM.
+  # Statements are serialized through this process; each takes well under a
+  # millisecond.
 
   use GenServer
 
+  alias PhoenixKitAgent.Turns.Locks.Robust.Psql
   alias PhoenixKitAgent.Turns.Locks.TestDB
-
-  # printed by psql after each statement's output, to know where it ends
-  @done "__lock_case_statement_done__"
 
   @doc """
   Runs `sql` (one or more statements) on the shared session, or on `session`
-  from `open!/0`; the rows of the last as lists of strings.
+  from `open!/0`; the rows of the last as lists of strings (NULL is nil).
   """
   def query!(session \\ server(), sql) do
     case GenServer.call(session, {:query, sql}, 30_000) do
       {:ok, rows} -> rows
-      {:error, output} -> raise "psql failed: #{Enum.join(output, "\n")}\nin:\n#{sql}"
+      {:error, message} -> raise "psql failed: #{message}"
     end
   end
 
@@ -424,61 +423,17 @@ defmodule PhoenixKitAgent.Turns.LockCase.SQL do
   end
 
   @impl true
-  def init(url) do
-    psql = System.find_executable("psql") || raise "psql not found on PATH"
+  def init(url), do: {:ok, Psql.open!(url)}
 
-    # The same output format as TestDB.query!/1: unaligned, tuples only,
-    # tab-separated, NULL printed as \N. ON_ERROR_STOP stays off: a failed
-    # statement must not end the session of every other test.
-    port =
-      Port.open({:spawn_executable, psql}, [
-        :binary,
-        :exit_status,
-        :stderr_to_stdout,
-        {:line, 1_000_000},
-        args: ["-X", "-q", "-A", "-t", "-F", "\t", "-P", "null=\\N", "-d", url],
-        env: [{~c"PGCONNECT_TIMEOUT", ~c"10"}]
-      ])
-
-    state = %{port: port}
-    # Notices (CREATE … IF NOT EXISTS) would read as rows.
-    {:ok, []} = run(state, "SET client_min_messages = warning")
-    {:ok, state}
+  # A failed statement is the caller's error, not the end of the session
+  # every other test shares.
+  @impl true
+  def handle_call({:query, sql}, _from, psql) do
+    {:reply, {:ok, Psql.query!(psql, sql)}, psql}
+  rescue
+    e in RuntimeError -> {:reply, {:error, e.message}, psql}
   end
 
   @impl true
-  def handle_call({:query, sql}, _from, state), do: {:reply, run(state, sql), state}
-
-  defp run(%{port: port}, sql) do
-    sql = String.trim_trailing(sql)
-    sql = if String.ends_with?(sql, ";"), do: sql, else: sql <> ";"
-    true = Port.command(port, [sql, "\n\\echo ", @done, "\n"])
-    collect(port, [], "")
-  end
-
-  defp collect(port, lines, partial) do
-    receive do
-      {^port, {:data, {:noeol, chunk}}} ->
-        collect(port, lines, partial <> chunk)
-
-      {^port, {:data, {:eol, @done}}} when partial == "" ->
-        lines = Enum.reverse(lines)
-
-        if Enum.any?(lines, &(&1 =~ ~r/\A(psql:\S* )?(ERROR|FATAL|PANIC):/)),
-          do: {:error, lines},
-          else: {:ok, Enum.map(lines, &row/1)}
-
-      {^port, {:data, {:eol, line}}} ->
-        collect(port, [partial <> line | lines], "")
-
-      {^port, {:exit_status, status}} ->
-        raise "psql exited #{status}: #{Enum.join(Enum.reverse(lines), "\n")}"
-    after
-      30_000 -> raise "psql did not answer within 30 s"
-    end
-  end
-
-  defp row(line) do
-    line |> String.split("\t") |> Enum.map(&if(&1 == "\\N", do: nil, else: &1))
-  end
+  def terminate(_reason, psql), do: Psql.close(psql)
 end

@@ -16,24 +16,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # the rest (a URL, an sslmode string, the prefix, the CA file) by the native
   # side; both name the setting and never show a value.
 
-  @settings [
-    :repo,
-    :url,
-    :hostname,
-    :port,
-    :username,
-    :password,
-    :database,
-    :socket_dir,
-    :sslmode,
-    :ssl_ca_file,
-    :prefix,
-    :pool_size,
-    :connect_timeout,
-    :checkout_timeout,
-    :statement_timeout
-  ]
-
   # The settings that say where and as whom to connect.
   @connection [
     :url,
@@ -46,6 +28,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     :sslmode,
     :ssl_ca_file
   ]
+
+  @settings [:repo] ++
+              @connection ++
+              [:prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout]
 
   # Ranges as native/locks_core/src/config.rs checks them, with its wording:
   # checked here too so that an integer too large for the native side is
