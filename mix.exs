@@ -31,6 +31,9 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
     ]
   end
 
-  defp elixirc_paths(:test), do: ["lib", "test/support"]
+  # The benchmark (bench/, `mix locks.bench`) is the project's own: compiled
+  # in :dev and :test, never in a host's release.
+  defp elixirc_paths(:test), do: ["lib", "bench", "test/support"]
+  defp elixirc_paths(:dev), do: ["lib", "bench"]
   defp elixirc_paths(_), do: ["lib"]
 end

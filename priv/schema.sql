@@ -6,8 +6,6 @@ CREATE TABLE IF NOT EXISTS phoenix_kit_agent_conversations (
   busy_turn_ref text
 );
 
--- A row is created with only user_uuid and the lock columns when a user has
--- none, so every other NOT NULL column needs a default.
 CREATE TABLE IF NOT EXISTS phoenix_kit_agent_user_settings (
   user_uuid uuid PRIMARY KEY,
   busy_since timestamptz,

@@ -14,7 +14,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
 
   alias PhoenixKitAgent.Turns.LockCase.SQL
   alias PhoenixKitAgent.Turns.Locks
-  alias PhoenixKitAgent.Turns.Locks.TestDB
+  alias PhoenixKitAgent.Turns.Locks.{Native, TestDB}
 
   using do
     quote do
@@ -50,6 +50,29 @@ defmodule PhoenixKitAgent.Turns.LockCase do
     [{^kind, lock}] = locks([{kind, id}])
     lock
   end
+
+  @doc """
+  Calls `Native.fun` as `PhoenixKitAgent.Turns.Locks` does: with a turn
+  and the call's stamp, and every valid uuid string of `args` as its 16
+  bytes (anything else is passed as it is).
+  """
+  def native(fun, args) do
+    start = System.monotonic_time(:nanosecond)
+    apply(Native, fun, [Locks.turn!(start), start | Enum.map(args, &uuid_bytes/1)])
+  end
+
+  @doc "The 16 bytes of a hyphenated uuid string; any other term as it is."
+  def uuid_bytes(
+        <<_::binary-8, ?-, _::binary-4, ?-, _::binary-4, ?-, _::binary-4, ?-, _::binary-12>> =
+          text
+      ) do
+    case Base.decode16(String.replace(text, "-", ""), case: :mixed) do
+      {:ok, bytes} -> bytes
+      :error -> text
+    end
+  end
+
+  def uuid_bytes(term), do: term
 
   @doc "A new turn ref, never used before in this VM."
   def turn_ref(label \\ "turn"), do: "#{label}-#{System.unique_integer([:positive])}"
@@ -126,10 +149,21 @@ defmodule PhoenixKitAgent.Turns.LockCase do
 
   Without the gate, calls started "at once" mostly run one after the other
   (each statement takes a fraction of a millisecond), and a race would prove
-  nothing. Keep n well under the pool's 10 connections: the waiting calls
-  hold theirs.
+  nothing. Keep n well under the pool's size: the waiting calls hold their
+  turns. Races of different tests run one at a time, or two of them could
+  hold every turn, each waiting for a call of its own that queues behind
+  the other's.
   """
-  def race_at_row({kind, id}, n, fun) do
+  def race_at_row(row, n, fun) do
+    :global.trans(
+      {__MODULE__.Race, self()},
+      fn -> race_at_row!(row, n, fun) end,
+      [node()],
+      :infinity
+    )
+  end
+
+  defp race_at_row!({kind, id}, n, fun) do
     {table, key} = table(kind)
     gate = SQL.open!()
 

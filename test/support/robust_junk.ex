@@ -42,32 +42,37 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
     {calls, _} =
       Enum.map_reduce(1..n, state, fn i, state ->
         {fun, kinds, native} = Enum.at(@api, rem(i, length(@api)))
-        {args, state} = args(kinds, state)
 
-        # Every other round of the eight functions goes to the NIF directly.
-        call =
+        # Every other round of the eight functions goes to the NIF directly
+        # (with a turn and a stamp, as Locks calls it; valid uuids as their
+        # 16 bytes, which is what the NIF takes).
+        {target, call} =
           if rem(div(i, length(@api)), 2) == 0,
-            do: {Locks, fun, args},
-            else: {Native, native, args}
+            do: {Locks, &{Locks, fun, &1}},
+            else: {Native, &{Native, native, &1}}
 
-        {call, state}
+        {args, state} = args(kinds, target, state)
+        {call.(args), state}
       end)
 
     calls
   end
 
   # Valid arguments except at least one junk position.
-  defp args(kinds, state) do
+  defp args(kinds, target, state) do
     {bad_at, state} = :rand.uniform_s(length(kinds), state)
 
     Enum.map_reduce(Enum.with_index(kinds, 1), state, fn {kind, pos}, state ->
       {coin, state} = :rand.uniform_s(3, state)
 
       if pos == bad_at or coin == 1,
-        do: junk(kind, state),
-        else: {valid(kind), state}
+        do: junk(kind, target, state),
+        else: {valid(kind, target), state}
     end)
   end
+
+  defp valid(:uuid, Native), do: Base.decode16!(String.replace(@uuid, "-", ""), case: :lower)
+  defp valid(kind, _target), do: valid(kind)
 
   defp valid(:uuid), do: @uuid
   defp valid(:turn), do: "turn-1"
@@ -76,13 +81,27 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
   # With the valid TTL of 60; junk TTLs are checked before the hold.
   defp valid(:hold), do: 30
 
-  @doc "A bad value for an argument of `kind`."
-  def junk(kind, state) do
+  @doc """
+  A bad value for an argument of `kind` of a call to `target`. Values beyond
+  the documented limits alone (a ref of 256 bytes, a TTL of ten years and a
+  second) are only the Elixir API's to refuse: the NIF can run them.
+  """
+  def junk(kind, target, state) do
     {pick, state} = :rand.uniform_s(3, state)
     pool = if pick == 1, do: common(), else: specific(kind)
+    pool = if target == Native, do: pool -- limits_only(), else: pool
     {i, state} = :rand.uniform_s(length(pool), state)
     {Enum.at(pool, i - 1), state}
   end
+
+  defp limits_only,
+    do: [
+      315_360_001,
+      String.duplicate("x", 256),
+      String.duplicate("é", 128),
+      "click:" <> String.duplicate("x", 250),
+      @mib
+    ]
 
   # Bad in every position (no positive integer: that is a valid TTL or hold).
   defp common do
@@ -188,7 +207,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
       for {m, f, a} <- calls do
         outcome =
           try do
-            {:returned, apply(m, f, a)}
+            {:returned, call(m, f, a)}
           rescue
             e in [ArgumentError, FunctionClauseError] -> {:raised, e.__struct__}
             e -> {:unexpected, e}
@@ -213,6 +232,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
     {counts, bad}
   end
 
+  defp call(Locks, f, a), do: apply(Locks, f, a)
+
+  defp call(Native, f, a) do
+    start = System.monotonic_time(:nanosecond)
+    apply(Native, f, [Locks.turn!(start), start | a])
+  end
+
   defp decode_error(%ErlangError{original: "Could not decode field " <> _}), do: :decode_error
   defp decode_error(e), do: {:unexpected, inspect(e)}
 
@@ -220,52 +246,41 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
   def run_seeded(seed, n), do: run(calls(seed, n))
 
   @doc """
-  Bad options for `Native.start/1`: not a map or keys missing
-  (ArgumentError), a field of the wrong type (rustler's decode error, an
-  ErlangError), or well typed but unusable (`Locks.Error` with reason
-  `:config`). None may panic or replace the running pool.
+  Bad configurations for `Native.start/1`: not a Config struct or a port
+  no socket can have (ArgumentError), a field of the wrong type (rustler's
+  decode error, an ErlangError), or well typed but unusable (`Locks.Error`
+  with reason `:config`). None may panic or replace the running pool.
   """
   def start_junk do
-    good = %{
-      url: "postgres://u:pw@127.0.0.1:1/db",
-      pool_size: nil,
-      connect_timeout: nil,
-      checkout_timeout: nil,
-      statement_timeout: nil,
-      prefix: nil
-    }
+    {:ok, good} = PhoenixKitAgent.Turns.Locks.Config.read(url: "postgres://u:pw@127.0.0.1:1/db")
 
     wrong_types =
-      [nil, 1, "url", [url: "x"], {:url, "x"}, %{}, Map.delete(good, :url), @mib] ++
+      [nil, 1, "url", [url: "x"], {:url, "x"}, %{}, Map.from_struct(good), @mib] ++
         for {key, value} <- [
-              url: 1,
-              url: nil,
-              url: <<0xFF>>,
+              hostname: 1,
+              port: 0,
+              port: 70_000,
+              username: nil,
+              password: <<0xFF>>,
+              sslmode: :verify,
+              sslmode: "prefer",
               pool_size: "10",
               pool_size: 2 ** 64,
               pool_size: 1.0,
               connect_timeout: :infinity,
+              checkout_timeout: -1,
               prefix: 1,
-              prefix: [1]
+              prepare: :maybe
             ],
             do: Map.put(good, key, value)
 
     unusable =
-      for {key, value} <- [
-            url: "",
-            url: @sql,
-            url: "postgres://u:pw@host:notaport/db",
-            url: @mib,
-            pool_size: 0,
-            pool_size: -1,
-            pool_size: 1_001,
-            checkout_timeout: 0,
-            statement_timeout: 3_600_001,
-            prefix: "",
-            prefix: @sql,
-            prefix: "a b"
+      for fields <- [
+            [sslmode: :verify_full],
+            [sslmode: :verify_ca, ssl_ca_file: "/nonexistent/ca.pem"],
+            [sslmode: :require, ssl_ca_file: "/dev/null", hostname: @sql]
           ],
-          do: Map.put(good, key, value)
+          do: struct!(good, fields)
 
     for options <- wrong_types ++ unusable do
       outcome =

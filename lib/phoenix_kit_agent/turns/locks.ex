@@ -21,10 +21,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   that was taken over cannot free its successor. A running turn asks
   `held?/3` before each round and stops when it no longer holds both locks.
 
-  Every call is one prepared statement on a pooled connection, one round trip,
-  run on a dirty-I/O scheduler. A refusal is a return value; a failure to
-  answer (no database, a timeout) raises `PhoenixKitAgent.Turns.Locks.Error`;
-  a bad argument raises `ArgumentError` before anything is sent.
+  Every call is one statement on a pooled connection, one round trip, run on
+  a dirty-I/O scheduler; at most `pool_size` calls run at once, and a caller
+  beyond them waits its turn on a normal scheduler (see the README's
+  "Operating it"). A refusal is a return value; a failure to answer (no
+  database, a timeout) raises `PhoenixKitAgent.Turns.Locks.Error`, whose
+  reason says whether the statement may have run; a bad argument raises
+  `ArgumentError` before anything is sent.
 
   ## Arguments
 
@@ -62,7 +65,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @typedoc "Why `acquire/4` took neither lock."
   @type acquire_error :: :conversation_busy | user_busy()
 
-  @click_prefix "click:"
+  # The documented limits of the arguments, checked here and only here.
   @max_ttl_s 315_360_000
   @max_ref_bytes 255
 
@@ -86,12 +89,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
   def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    Native.acquire(
+    start = stamp()
+
+    run(:acquire, start, [
       uuid!(:conversation_uuid, conversation_uuid),
       uuid!(:user_uuid, user_uuid),
       turn_ref!(turn_ref),
       ttl!(ttl_s)
-    )
+    ])
   end
 
   @doc """
@@ -115,14 +120,15 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
   def acquire_user(user_uuid, ref, ttl_s, hold_s) do
+    start = stamp()
     ttl_s = ttl!(ttl_s)
 
-    Native.acquire_user(
+    run(:acquire_user, start, [
       uuid!(:user_uuid, user_uuid),
       click_ref!(ref),
       ttl_s,
       hold!(hold_s, ttl_s)
-    )
+    ])
   end
 
   @doc """
@@ -135,7 +141,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec click_ref() :: String.t()
   def click_ref do
-    @click_prefix <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
+    click_prefix() <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
   end
 
   @doc """
@@ -148,7 +154,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s) do
-    Native.fresh(uuid!(:conversation_uuid, conversation_uuid), turn_ref!(turn_ref), ttl!(ttl_s))
+    start = stamp()
+
+    run(:fresh, start, [
+      uuid!(:conversation_uuid, conversation_uuid),
+      turn_ref!(turn_ref),
+      ttl!(ttl_s)
+    ])
   end
 
   @doc """
@@ -160,11 +172,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
   def held?(conversation_uuid, user_uuid, turn_ref) do
-    Native.held(
+    start = stamp()
+
+    run(:held, start, [
       uuid!(:conversation_uuid, conversation_uuid),
       uuid!(:user_uuid, user_uuid),
       turn_ref!(turn_ref)
-    )
+    ])
   end
 
   @doc """
@@ -177,8 +191,15 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s) do
+    start = stamp()
     ttl_s = ttl!(ttl_s)
-    Native.keep_user(uuid!(:user_uuid, user_uuid), click_ref!(ref), ttl_s, hold!(hold_s, ttl_s))
+
+    run(:keep_user, start, [
+      uuid!(:user_uuid, user_uuid),
+      click_ref!(ref),
+      ttl_s,
+      hold!(hold_s, ttl_s)
+    ])
   end
 
   @doc """
@@ -190,11 +211,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
   def release(conversation_uuid, user_uuid, turn_ref) do
-    Native.release(
+    start = stamp()
+
+    run(:release, start, [
       uuid!(:conversation_uuid, conversation_uuid),
       uuid!(:user_uuid, user_uuid),
       turn_ref!(turn_ref)
-    )
+    ])
   end
 
   @doc """
@@ -208,12 +231,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    Native.release_stale(
+    start = stamp()
+
+    run(:release_stale, start, [
       uuid!(:conversation_uuid, conversation_uuid),
       uuid!(:user_uuid, user_uuid),
       turn_ref!(turn_ref),
       ttl!(ttl_s)
-    )
+    ])
   end
 
   @doc """
@@ -224,36 +249,88 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref) do
-    Native.release_user(uuid!(:user_uuid, user_uuid), click_ref!(ref))
+    start = stamp()
+    run(:release_user, start, [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
   end
 
-  # Argument checks. Each raises ArgumentError naming the argument before
-  # anything reaches the native side (which checks again on its own).
+  ## Running a call
 
-  # A binary pattern, not a regex: this runs on every call (a regex cost ~4 µs).
+  # The call's one stamp, on the monotonic clock, taken before it queues
+  # anywhere: its deadline (checkout + connect + statement timeouts) runs
+  # from here, and the native side reads the same clock.
+  defp stamp, do: System.monotonic_time(:nanosecond)
+
+  # Takes a turn (at most pool_size calls run at once, each on a dirty-I/O
+  # scheduler), then runs the NIF with it. A caller beyond them waits here,
+  # on a normal scheduler, first come first served, until its checkout
+  # deadline: then `leave/1` gives its place up and raises :pool_timeout.
+  defp run(fun, start, args), do: apply(Native, fun, [turn!(start), start | args])
+
+  @doc false
+  # A turn for a call stamped `start`: its token for the NIF.
+  def turn!(start) do
+    case Native.admit(start) do
+      {:wait, ticket, wait_ms} ->
+        receive do
+          {:phoenix_kit_agent_locks, ^ticket, token} -> token
+        after
+          wait_ms -> give_up(ticket)
+        end
+
+      token ->
+        token
+    end
+  end
+
+  # A turn may have been sent just as the wait ended: `leave/1` gives it
+  # back, and its message is dropped.
+  defp give_up(ticket) do
+    Native.leave(ticket)
+  after
+    receive do
+      {:phoenix_kit_agent_locks, ^ticket, _token} -> :ok
+    after
+      0 -> :ok
+    end
+  end
+
+  # The prefix of a click's ref: the native side's, which tells a refusal's
+  # holder by it. Kept by Native when the library loads.
+  defp click_prefix, do: :persistent_term.get({Native, :click_prefix})
+
+  ## Argument checks
+  #
+  # Each raises ArgumentError naming the argument before anything reaches
+  # the native side, which only refuses terms it cannot use (no wording).
+
+  # A binary pattern, not a regex: this runs on every call. The native side
+  # takes the uuid's 16 bytes.
   defp uuid!(
          name,
          <<a::binary-8, ?-, b::binary-4, ?-, c::binary-4, ?-, d::binary-4, ?-, e::binary-12>> =
            value
        ) do
-    if hex?(a) and hex?(b) and hex?(c) and hex?(d) and hex?(e),
-      do: value,
-      else: bad!(name, "a hyphenated UUID string", value)
+    case Base.decode16(a <> b <> c <> d <> e, case: :mixed) do
+      {:ok, bytes} -> bytes
+      :error -> bad!(name, "a hyphenated UUID string", value)
+    end
   end
 
   defp uuid!(name, value), do: bad!(name, "a hyphenated UUID string", value)
 
-  defp hex?(<<c, rest::binary>>) when c in ?0..?9 or c in ?a..?f or c in ?A..?F, do: hex?(rest)
-  defp hex?(<<>>), do: true
-  defp hex?(_), do: false
+  defp turn_ref!(value) do
+    if click_ref?(value),
+      do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value),
+      else: ref!(:turn_ref, value)
+  end
 
-  defp turn_ref!(@click_prefix <> _ = value),
-    do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value)
+  defp click_ref!(value) do
+    if click_ref?(value),
+      do: ref!(:ref, value),
+      else: bad!(:ref, "a click ref made by click_ref/0", value)
+  end
 
-  defp turn_ref!(value), do: ref!(:turn_ref, value)
-
-  defp click_ref!(@click_prefix <> _ = value), do: ref!(:ref, value)
-  defp click_ref!(value), do: bad!(:ref, "a click ref made by click_ref/0", value)
+  defp click_ref?(value), do: is_binary(value) and String.starts_with?(value, click_prefix())
 
   defp ref!(name, value)
        when is_binary(value) and byte_size(value) in 1..@max_ref_bytes do

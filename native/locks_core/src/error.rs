@@ -2,14 +2,22 @@
 //! place (the NIF's `error.rs`).
 //!
 //! Contention is never an error: a busy lock is an [`crate::Acquire`] outcome.
-//! An error means the call could not be answered (bad input, no database, a
-//! timeout, a failed statement), and no message ever carries the password of
-//! the configured URL: connection errors are rendered from tokio-postgres'
-//! own messages, which name the cause and never the connection string.
+//! An error means the call could not be answered. Each variant says how far
+//! the call got, which is what a caller needs to know to recover:
+//!
+//! | variant            | the statement…                                  |
+//! | ------------------ | ----------------------------------------------- |
+//! | `Config`, `NotStarted`, `Connect`, `PoolTimeout` | was never sent        |
+//! | `Statement`        | was refused by PostgreSQL and changed nothing    |
+//! | `Timeout`, `Disconnected` | was sent, and may have run                |
+//!
+//! No message ever carries the database password: connection errors are
+//! rendered from tokio-postgres' own messages, which name the cause and never
+//! the connection settings.
 
 use std::time::Duration;
 
-use deadpool_postgres::{PoolError, TimeoutType};
+use tokio_postgres::error::{DbError, Severity, SqlState};
 
 /// The result of every fallible call of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -17,45 +25,42 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An argument is not what the API takes; raised before any SQL runs.
-    #[error("invalid {name}: {reason}")]
-    InvalidArgument {
-        /// The argument's name, as in the Elixir API (`conversation_uuid`, `ttl_s`, …).
-        name: &'static str,
-        /// What it must be.
-        reason: &'static str,
-    },
-
-    /// A configuration setting is unusable; names the setting, never its secret.
+    /// A setting, or the tables it points at, cannot be used; names the
+    /// setting (or table), never a secret.
     #[error("invalid configuration: {setting}: {reason}")]
     Config {
-        /// The setting's name (`url`, `pool_size`, …).
-        setting: &'static str,
-        /// What is wrong with it.
+        /// The setting's name (`ssl_ca_file`, …) or the table's.
+        setting: String,
+        /// What is wrong with it, and how to fix it.
         reason: String,
     },
 
     /// No pool is installed: the application has not been started, or was stopped.
-    #[error("not started: the :phoenix_kit_agent_locks application is not running, or has no url (config :phoenix_kit_agent_locks, url: … or DATABASE_URL)")]
+    #[error("not started: the :phoenix_kit_agent_locks application is not running, or has no database configured")]
     NotStarted,
 
-    /// A connection could not be made or broke while in use.
+    /// No connection could be opened; nothing was sent.
     #[error("database connection failed: {0}")]
     Connect(String),
 
-    /// Every pooled connection stayed busy for the whole checkout timeout.
+    /// The call waited its whole checkout timeout for its turn; nothing was sent.
     #[error("timed out after {} ms waiting for a pooled connection", .0.as_millis())]
     PoolTimeout(Duration),
 
-    /// The call as a whole took longer than its deadline (checkout, connect
-    /// and statement timeouts added up): the database did not answer in time.
+    /// The database did not answer within the call's time; the statement may
+    /// have run. Its connection was closed and the statement cancelled.
     #[error("timed out after {} ms waiting for the database", .0.as_millis())]
     Timeout(Duration),
 
-    /// PostgreSQL refused or aborted the statement.
+    /// The connection was lost while the statement was in flight (a server
+    /// shutdown, a terminated backend, a broken network path); it may have run.
+    #[error("connection lost while the statement was in flight: {0}")]
+    Disconnected(String),
+
+    /// PostgreSQL refused the statement, which changed nothing.
     #[error("statement failed: {sqlstate}: {message}")]
     Statement {
-        /// The five-character SQLSTATE, e.g. `57014` for a statement timeout.
+        /// The five-character SQLSTATE, e.g. `42P01` for a missing table.
         sqlstate: String,
         /// PostgreSQL's message.
         message: String,
@@ -63,18 +68,14 @@ pub enum Error {
 }
 
 impl Error {
-    pub(crate) fn invalid(name: &'static str, reason: &'static str) -> Self {
-        Error::InvalidArgument { name, reason }
-    }
-
-    pub(crate) fn config(setting: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn config(setting: impl Into<String>, reason: impl Into<String>) -> Self {
         Error::Config {
-            setting,
+            setting: setting.into(),
             reason: reason.into(),
         }
     }
 
-    /// The SQLSTATE of a failed statement, if that is what this is.
+    /// The SQLSTATE the server gave, if it gave one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
             Error::Statement { sqlstate, .. } => Some(sqlstate),
@@ -82,44 +83,66 @@ impl Error {
         }
     }
 
-    /// Classifies a pool checkout failure; `wait` is the configured checkout
-    /// timeout, reported in the message.
-    pub(crate) fn from_pool(err: PoolError, wait: Duration, connect: Duration) -> Self {
-        match err {
-            // Checking a connection out only ever connects or recycles: a
-            // server's refusal here (bad password 28P01, too many clients
-            // 53300, no such database 3D000) is a connection failure, not a
-            // failed statement.
-            PoolError::Backend(e) => match e.as_db_error() {
-                Some(db) => Error::Connect(format!("{} ({})", db.message(), db.code().code())),
-                None => Error::from(e),
+    /// What a failure to open a connection is: the server's refusal (a bad
+    /// password 28P01, too many clients 53300, no such database 3D000) or
+    /// the network's, named with its cause.
+    pub(crate) fn connect(err: &tokio_postgres::Error) -> Self {
+        Error::Connect(describe(err))
+    }
+
+    /// What a failure while a statement was in flight on a connection is:
+    /// a refusal of the statement (the connection is fine), or the loss of
+    /// the connection (a FATAL error from the server, an I/O error, a closed
+    /// socket), after which the statement may or may not have run.
+    pub(crate) fn in_flight(err: &tokio_postgres::Error) -> Self {
+        match err.as_db_error() {
+            Some(db) if !ends_session(db) => Error::Statement {
+                sqlstate: db.code().code().to_owned(),
+                message: db.message().to_owned(),
             },
-            PoolError::Timeout(TimeoutType::Wait) => Error::PoolTimeout(wait),
-            PoolError::Timeout(TimeoutType::Create) => {
-                Error::Connect(format!("no connection within {} ms", connect.as_millis()))
-            }
-            PoolError::Timeout(TimeoutType::Recycle) => {
-                Error::Connect("checking a pooled connection timed out".into())
-            }
-            PoolError::Closed => Error::NotStarted,
-            other => Error::Connect(other.to_string()),
+            _ => Error::Disconnected(describe(err)),
         }
+    }
+
+    /// Whether the same statement may simply be sent again: a serialization
+    /// failure or a deadlock rolled it back as a whole (under REPEATABLE READ
+    /// or SERIALIZABLE, a row changed since the statement's snapshot).
+    pub(crate) fn is_retryable(&self) -> bool {
+        matches!(self, Error::Statement { sqlstate, .. }
+            if sqlstate == SqlState::T_R_SERIALIZATION_FAILURE.code()
+                || sqlstate == SqlState::T_R_DEADLOCK_DETECTED.code())
+    }
+
+    /// Whether the connection the error came from is lost.
+    pub(crate) fn lost_connection(&self) -> bool {
+        matches!(self, Error::Disconnected(_))
     }
 }
 
-impl From<tokio_postgres::Error> for Error {
-    fn from(err: tokio_postgres::Error) -> Self {
-        if let Some(db) = err.as_db_error() {
-            return Error::Statement {
-                sqlstate: db.code().code().to_owned(),
-                message: db.message().to_owned(),
-            };
-        }
-        // tokio-postgres' Display ("error connecting to server") leaves out its
-        // source; append it so the cause (refused, reset, closed) is named.
-        match std::error::Error::source(&err) {
-            Some(cause) => Error::Connect(format!("{err}: {cause}")),
-            None => Error::Connect(err.to_string()),
-        }
+/// A FATAL or PANIC error ends the server's session: `57P01` (an
+/// administrator shut the server down or terminated the backend), `57P02`,
+/// `57P03`, and the like. The connection is gone with it.
+fn ends_session(db: &DbError) -> bool {
+    matches!(
+        db.parsed_severity(),
+        Some(Severity::Fatal | Severity::Panic)
+    ) || [
+        SqlState::ADMIN_SHUTDOWN,
+        SqlState::CRASH_SHUTDOWN,
+        SqlState::CANNOT_CONNECT_NOW,
+    ]
+    .contains(db.code())
+}
+
+/// tokio-postgres' message with its cause appended (its Display leaves the
+/// source out: "error connecting to server" alone names nothing), or the
+/// server's message and SQLSTATE.
+fn describe(err: &tokio_postgres::Error) -> String {
+    if let Some(db) = err.as_db_error() {
+        return format!("{} ({})", db.message(), db.code().code());
+    }
+    match std::error::Error::source(err) {
+        Some(cause) => format!("{err}: {cause}"),
+        None => err.to_string(),
     }
 }

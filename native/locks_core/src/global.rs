@@ -1,4 +1,4 @@
-//! The process-wide runtime and the installed [`Locks`], for the NIF.
+//! The process-wide runtime and the installed [`LockPool`], for the NIF.
 //!
 //! A NIF call arrives on a dirty-I/O scheduler thread, outside any runtime,
 //! and [`block_on`] runs its future to completion on that thread. The runtime
@@ -40,9 +40,9 @@ use std::sync::{Arc, RwLock};
 use once_cell::sync::Lazy;
 use tokio::runtime::Runtime;
 
-use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::locks::Locks;
+use crate::pool::LockPool;
+use crate::settings::Settings;
 
 /// The shared current-thread runtime (see the module doc): no threads of its
 /// own besides tokio's blocking pool, which only resolves host names.
@@ -54,7 +54,7 @@ static RUNTIME: Lazy<std::result::Result<Runtime, String>> = Lazy::new(|| {
         .map_err(|e| e.to_string())
 });
 
-static CURRENT: RwLock<Option<Arc<Locks>>> = RwLock::new(None);
+static CURRENT: RwLock<Option<Arc<LockPool>>> = RwLock::new(None);
 
 fn runtime() -> Result<&'static Runtime> {
     RUNTIME
@@ -75,44 +75,6 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
     }))
 }
 
-/// Runs one call of `locks` for a caller that made it at `queued_at_us`
-/// (the OS clock, microseconds since the Unix epoch, as the BEAM's
-/// `System.os_time(:microsecond)`), within what is left of its timeout.
-///
-/// A NIF call may wait for a free dirty-I/O scheduler before any of this
-/// runs: with the database frozen, ten calls hold the ten schedulers for a
-/// whole timeout each, and the callers queued behind them would otherwise
-/// start their own timeout only then, waiting twice, three times as long.
-/// Counting the queueing against the budget keeps every call within
-/// [`Config::call_timeout`](crate::Config::call_timeout) of the caller's
-/// call (plus the scheduling delay itself): a caller whose budget is spent
-/// by the time it runs fails at once with [`Error::Timeout`], sending nothing.
-pub fn call<T>(
-    locks: &Locks,
-    queued_at_us: i64,
-    call: impl Future<Output = Result<T>>,
-) -> Result<T> {
-    let budget = locks.config().call_timeout();
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(queued_at_us, |d| {
-            i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
-        });
-    // A clock that stepped back (or a stamp from the future) counts as no wait.
-    let waited = std::time::Duration::from_micros(
-        u64::try_from(now_us.saturating_sub(queued_at_us)).unwrap_or(0),
-    );
-    let remaining = budget.saturating_sub(waited);
-    if remaining.is_zero() {
-        return Err(Error::Timeout(budget));
-    }
-    block_on(async {
-        tokio::time::timeout(remaining, call)
-            .await
-            .unwrap_or(Err(Error::Timeout(budget)))
-    })?
-}
-
 /// Lets the runtime poll its I/O driver and run every task that became ready.
 ///
 /// Each `yield_now` hands control back to the runtime, which wakes the caller
@@ -122,28 +84,27 @@ pub fn call<T>(
 /// those tasks run, so a dead connection's client reports `is_closed()`.
 /// Costs two non-blocking `epoll_wait`s. When another thread holds the
 /// runtime, it is the one driving it, and the yields return at once.
-async fn catch_up() {
+pub(crate) async fn catch_up() {
     tokio::task::yield_now().await;
     tokio::task::yield_now().await;
 }
 
-/// Builds a pool from `config` and installs it, closing the one before.
-pub fn start(config: Config) -> Result<()> {
-    // The pool registers its timers with the runtime it is built in.
+/// Builds a pool from `settings` and installs it, closing the one before.
+pub fn start(settings: Settings) -> Result<Arc<LockPool>> {
     let locks = {
         let _entered = runtime()?.enter();
-        Arc::new(Locks::new(config)?)
+        Arc::new(LockPool::new(settings)?)
     };
     let previous = {
         let mut current = CURRENT
             .write()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        current.replace(locks)
+        current.replace(locks.clone())
     };
     if let Some(previous) = previous {
         close(&previous);
     }
-    Ok(())
+    Ok(locks)
 }
 
 /// Closes and uninstalls the pool; calls fail with [`Error::NotStarted`] until
@@ -164,7 +125,7 @@ pub fn stop() {
 /// ends, at the latest by the next call's [`catch_up`]. Not from inside
 /// another runtime (a test's, say), where blocking on this one would panic:
 /// the next call through [`block_on`] catches up instead.
-fn close(locks: &Locks) {
+fn close(locks: &LockPool) {
     locks.close();
     if tokio::runtime::Handle::try_current().is_err() {
         if let Ok(runtime) = runtime() {
@@ -174,7 +135,7 @@ fn close(locks: &Locks) {
 }
 
 /// The installed pool.
-pub fn current() -> Result<Arc<Locks>> {
+pub fn current() -> Result<Arc<LockPool>> {
     CURRENT
         .read()
         .unwrap_or_else(|poisoned| poisoned.into_inner())

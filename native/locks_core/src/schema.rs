@@ -1,11 +1,19 @@
-//! The tables the locks live in, and the DDL that makes them.
+//! The tables the locks live in: the DDL that makes them, and what the
+//! statements must know of the tables a host really has.
 //!
 //! [`tables`] makes both tables from nothing; [`lock_columns`] only adds the
 //! lock columns (and the unique index the user statements rely on) to tables
-//! a host already has. Both are idempotent, and both take an optional schema
-//! prefix, validated by [`quote_schema`] and quoted: a prefix is never spliced
-//! into SQL unchecked. `priv/schema.sql` is [`tables`]`(None)`, kept equal by a
-//! test.
+//! a host already has. Both are idempotent and take an optional schema,
+//! quoted by [`quote_ident`]. `priv/schema.sql` is [`tables`]`(None)`, kept
+//! equal by a test.
+//!
+//! A host's tables are not always the ones shipped here: an Ecto migration
+//! makes `inserted_at`/`updated_at` `NOT NULL` without a database default,
+//! may give the settings table a `uuid` key without one, and `busy_since`
+//! may be `timestamp without time zone`. [`Tables::from_columns`] reads the
+//! catalog's answer (the `COLUMNS` statement of `sql.rs`, run once per pool)
+//! and decides how the statements write their times and what a new settings
+//! row needs besides its lock.
 
 use crate::error::{Error, Result};
 
@@ -23,8 +31,6 @@ const TABLES: &str = "\
   busy_turn_ref text
 );
 
--- A row is created with only user_uuid and the lock columns when a user has
--- none, so every other NOT NULL column needs a default.
 CREATE TABLE IF NOT EXISTS {users} (
   user_uuid uuid PRIMARY KEY,
   busy_since timestamptz,
@@ -45,39 +51,27 @@ ALTER TABLE {users}
   ADD COLUMN IF NOT EXISTS busy_turn_ref text;
 
 -- acquire/4 and acquire_user/4 upsert ON CONFLICT (user_uuid).
-CREATE UNIQUE INDEX IF NOT EXISTS {users_index} ON {users} (user_uuid);
+CREATE UNIQUE INDEX IF NOT EXISTS phoenix_kit_agent_user_settings_user_uuid_lock_index ON {users} (user_uuid);
 ";
 
-/// Validates a schema name as a plain SQL identifier (a letter or `_`, then
-/// letters, digits, `_` or `$`, at most 63 bytes) and returns it quoted.
-pub fn quote_schema(name: &str) -> Result<String> {
-    let mut chars = name.chars();
-    let first_ok = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
-    let rest_ok = chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$');
-    if !first_ok || !rest_ok || name.len() > 63 {
-        return Err(Error::config(
-            "prefix",
-            "must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)",
-        ));
-    }
-    Ok(format!("\"{name}\""))
+/// `name` as a quoted SQL identifier; safe for any text (a `"` is doubled).
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// The two table names, qualified by `schema` (already quoted) when given.
-pub(crate) fn table_names(schema: Option<&str>) -> (String, String) {
-    match schema {
-        Some(s) => (format!("{s}.{CHATS}"), format!("{s}.{USERS}")),
+/// The two table names, qualified by `prefix` (quoted) when given.
+pub(crate) fn table_names(prefix: Option<&str>) -> (String, String) {
+    match prefix.map(quote_ident) {
+        Some(schema) => (format!("{schema}.{CHATS}"), format!("{schema}.{USERS}")),
         None => (CHATS.to_owned(), USERS.to_owned()),
     }
 }
 
-/// The DDL that creates both tables (and the schema, when given).
-pub fn tables(schema: Option<&str>) -> String {
-    let (chats, users) = table_names(schema);
-    let create_schema = match schema {
-        Some(s) => format!("CREATE SCHEMA IF NOT EXISTS {s};\n"),
+/// The DDL that creates both tables (and the schema `prefix`, when given).
+pub fn tables(prefix: Option<&str>) -> String {
+    let (chats, users) = table_names(prefix);
+    let create_schema = match prefix {
+        Some(schema) => format!("CREATE SCHEMA IF NOT EXISTS {};\n", quote_ident(schema)),
         None => String::new(),
     };
     TABLES
@@ -87,20 +81,165 @@ pub fn tables(schema: Option<&str>) -> String {
 }
 
 /// The DDL that adds only the lock columns to existing tables.
-pub fn lock_columns(schema: Option<&str>) -> String {
-    let (chats, users) = table_names(schema);
+pub fn lock_columns(prefix: Option<&str>) -> String {
+    let (chats, users) = table_names(prefix);
     LOCK_COLUMNS
         .replace("{chats}", &chats)
         .replace("{users}", &users)
-        .replace(
-            "{users_index}",
-            "phoenix_kit_agent_user_settings_user_uuid_lock_index",
-        )
+}
+
+/// One column of either table, as the catalog describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Column {
+    /// `true` for the chat table, `false` for the user settings table.
+    pub chats: bool,
+    pub name: String,
+    /// `pg_type.typname`: `timestamptz`, `timestamp`, `uuid`, `text`, …
+    pub type_name: String,
+    pub not_null: bool,
+    /// A default, an identity or a generated column: the database fills it.
+    pub has_default: bool,
+}
+
+/// What the statements need to know of the two tables.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Tables {
+    /// The chat table's name, qualified and quoted as the statements use it.
+    pub chats: String,
+    /// The user settings table's name, likewise.
+    pub users: String,
+    /// The database's time as the chat table's `busy_since` holds it.
+    pub chat_now: &'static str,
+    /// The database's time as the user table's `busy_since` holds it.
+    pub user_now: &'static str,
+    /// The other `NOT NULL` columns of the user table without a default,
+    /// and what a new row gets in each: `(quoted column, expression)`.
+    pub user_fills: Vec<(String, &'static str)>,
+}
+
+/// The database's time, as a column of type `type_name` holds it: a
+/// `timestamp without time zone` (what Ecto's `timestamps()` and
+/// `:utc_datetime` make) holds UTC, written and compared as UTC whatever the
+/// session's `TimeZone`, so no connection needs a time zone pinned.
+fn now_for(type_name: &str) -> Option<&'static str> {
+    match type_name {
+        "timestamptz" => Some("now()"),
+        "timestamp" => Some("(now() AT TIME ZONE 'UTC')"),
+        _ => None,
+    }
+}
+
+/// What a new settings row gets in a `NOT NULL` column without a default:
+/// the database's time in a timestamp, a random uuid in a `uuid` key (Ecto
+/// generates those in the application, not in the database).
+fn fill_for(type_name: &str) -> Option<&'static str> {
+    now_for(type_name).or(match type_name {
+        "uuid" => Some("gen_random_uuid()"),
+        _ => None,
+    })
+}
+
+impl Tables {
+    /// Checks the columns of both tables (for the tables named under
+    /// `prefix`) and decides what the statements write.
+    pub fn from_columns(prefix: Option<&str>, columns: &[Column]) -> Result<Self> {
+        let (chats, users) = table_names(prefix);
+        let find = |in_chats: bool, table: &str, name: &str| {
+            columns
+                .iter()
+                .find(|c| c.chats == in_chats && c.name == name)
+                .ok_or_else(|| {
+                    Error::config(
+                        table.to_owned(),
+                        format!(
+                            "has no column {name}: add the lock columns \
+                             (mix locks.setup --lock-columns, or Schema.statements(:lock_columns, …) in a migration)"
+                        ),
+                    )
+                })
+        };
+        let now = |in_chats: bool, table: &str| -> Result<&'static str> {
+            let column = find(in_chats, table, "busy_since")?;
+            find(in_chats, table, "busy_turn_ref")?;
+            now_for(&column.type_name).ok_or_else(|| {
+                Error::config(
+                    table.to_owned(),
+                    format!(
+                        "busy_since is of type {}: it must be timestamptz or timestamp",
+                        column.type_name
+                    ),
+                )
+            })
+        };
+        let chat_now = now(true, CHATS)?;
+        find(true, CHATS, "uuid")?;
+        let user_now = now(false, USERS)?;
+        find(false, USERS, "user_uuid")?;
+
+        let mut user_fills = Vec::new();
+        for column in columns.iter().filter(|c| {
+            !c.chats
+                && c.not_null
+                && !c.has_default
+                && !["user_uuid", "busy_since", "busy_turn_ref"].contains(&c.name.as_str())
+        }) {
+            let fill = fill_for(&column.type_name).ok_or_else(|| {
+                Error::config(
+                    USERS,
+                    format!(
+                        "column {name} is NOT NULL without a default, and a new settings row \
+                         cannot fill a {ty}: give it a default \
+                         (ALTER TABLE {users} ALTER COLUMN {name} SET DEFAULT …)",
+                        name = quote_ident(&column.name),
+                        ty = column.type_name,
+                    ),
+                )
+            })?;
+            user_fills.push((quote_ident(&column.name), fill));
+        }
+        Ok(Tables {
+            chats,
+            users,
+            chat_now,
+            user_now,
+            user_fills,
+        })
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    fn column(
+        chats: bool,
+        name: &str,
+        type_name: &str,
+        not_null: bool,
+        has_default: bool,
+    ) -> Column {
+        Column {
+            chats,
+            name: name.into(),
+            type_name: type_name.into(),
+            not_null,
+            has_default,
+        }
+    }
+
+    /// The shipped tables, as the catalog describes them.
+    pub(crate) fn shipped() -> Vec<Column> {
+        vec![
+            column(true, "uuid", "uuid", true, false),
+            column(true, "busy_since", "timestamptz", false, false),
+            column(true, "busy_turn_ref", "text", false, false),
+            column(false, "user_uuid", "uuid", true, false),
+            column(false, "busy_since", "timestamptz", false, false),
+            column(false, "busy_turn_ref", "text", false, false),
+            column(false, "inserted_at", "timestamptz", true, true),
+            column(false, "updated_at", "timestamptz", true, true),
+        ]
+    }
 
     #[test]
     fn priv_schema_sql_is_the_unprefixed_ddl() {
@@ -110,34 +249,95 @@ mod tests {
 
     #[test]
     fn a_prefix_is_quoted_and_qualifies_both_tables() {
-        let schema = quote_schema("phoenix_kit").expect("valid");
-        let ddl = tables(Some(&schema));
-        assert!(ddl.starts_with("-- The tables"));
+        let ddl = tables(Some("phoenix_kit"));
         assert!(ddl.contains("CREATE SCHEMA IF NOT EXISTS \"phoenix_kit\";"));
         assert!(ddl.contains(
             "CREATE TABLE IF NOT EXISTS \"phoenix_kit\".phoenix_kit_agent_conversations ("
         ));
-        assert!(lock_columns(Some(&schema))
+        assert!(lock_columns(Some("phoenix_kit"))
             .contains("ALTER TABLE \"phoenix_kit\".phoenix_kit_agent_user_settings"));
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
     }
 
     #[test]
-    fn a_prefix_that_is_not_an_identifier_is_refused() {
-        for bad in [
-            "",
-            "1abc",
-            "a b",
-            "a\"b",
-            "public; DROP TABLE x",
-            &"a".repeat(64),
-        ] {
-            let err = quote_schema(bad).expect_err(bad);
-            assert!(
-                err.to_string()
-                    .starts_with("invalid configuration: prefix: "),
-                "{err}"
-            );
-        }
-        assert_eq!(quote_schema("_x$1").ok().as_deref(), Some("\"_x$1\""));
+    fn the_shipped_tables_need_nothing_filled_and_hold_timestamptz() {
+        let tables = Tables::from_columns(None, &shipped()).expect("usable");
+        assert_eq!(
+            (tables.chat_now, tables.user_now, tables.user_fills.len()),
+            ("now()", "now()", 0)
+        );
+        assert_eq!(tables.users, USERS);
+    }
+
+    #[test]
+    fn ecto_made_columns_are_filled_and_naive_times_written_as_utc() {
+        let mut columns = shipped();
+        columns.retain(|c| c.chats || !["inserted_at", "updated_at"].contains(&c.name.as_str()));
+        columns[1].type_name = "timestamp".into();
+        columns.extend([
+            column(false, "uuid", "uuid", true, false),
+            column(false, "inserted_at", "timestamp", true, false),
+            column(false, "updated_at", "timestamp", true, false),
+            column(false, "settings", "jsonb", true, true),
+            column(false, "note", "text", false, false),
+        ]);
+        let tables = Tables::from_columns(Some("host"), &columns).expect("usable");
+        assert_eq!(tables.chat_now, "(now() AT TIME ZONE 'UTC')");
+        assert_eq!(tables.user_now, "now()");
+        assert_eq!(
+            tables.user_fills,
+            vec![
+                ("\"uuid\"".to_owned(), "gen_random_uuid()"),
+                ("\"inserted_at\"".to_owned(), "(now() AT TIME ZONE 'UTC')"),
+                ("\"updated_at\"".to_owned(), "(now() AT TIME ZONE 'UTC')"),
+            ]
+        );
+        assert_eq!(tables.chats, "\"host\".phoenix_kit_agent_conversations");
+    }
+
+    #[test]
+    fn a_column_the_library_cannot_fill_is_named_with_the_fix() {
+        let mut columns = shipped();
+        columns.push(column(false, "locale", "text", true, false));
+        let err = Tables::from_columns(None, &columns)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "invalid configuration: phoenix_kit_agent_user_settings: column \"locale\" is \
+                 NOT NULL without a default, and a new settings row cannot fill a text: give it \
+                 a default (ALTER TABLE phoenix_kit_agent_user_settings ALTER COLUMN \"locale\" \
+                 SET DEFAULT …)"
+            )
+        );
+    }
+
+    #[test]
+    fn missing_lock_columns_and_odd_types_are_named() {
+        let mut columns = shipped();
+        columns.retain(|c| !(c.chats && c.name == "busy_turn_ref"));
+        let err = Tables::from_columns(None, &columns)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.starts_with(
+                "invalid configuration: phoenix_kit_agent_conversations: has no column busy_turn_ref"
+            )),
+            "{err:?}"
+        );
+
+        let mut columns = shipped();
+        columns[4].type_name = "date".into();
+        let err = Tables::from_columns(None, &columns)
+            .err()
+            .map(|e| e.to_string());
+        assert_eq!(
+            err.as_deref(),
+            Some(
+                "invalid configuration: phoenix_kit_agent_user_settings: busy_since is of type \
+                 date: it must be timestamptz or timestamp"
+            )
+        );
     }
 }

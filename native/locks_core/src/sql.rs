@@ -1,31 +1,52 @@
 //! Every statement the library runs, one constant per public call.
 //!
-//! Rules every statement keeps:
+//! Rules every lock statement keeps:
 //!
 //! * **One statement, autocommit.** A call is one round trip; there is no
 //!   transaction to leave open and no advisory lock to hold a connection for
 //!   the length of a turn. What must be all-or-nothing is chained inside the
-//!   statement (data-modifying CTEs reading each other's `RETURNING`).
-//! * **The database's clock.** Every time is `now()`; a node's clock never
-//!   enters a comparison. Each connection pins its session `TimeZone` to UTC
-//!   (see `config.rs`), so a `busy_since` of type `timestamp without time
-//!   zone` is written and compared as UTC exactly like a `timestamptz`.
+//!   statement (data-modifying CTEs reading each other's `RETURNING`). So a
+//!   statement that failed changed nothing, and one rolled back by a
+//!   serialization failure or a deadlock can simply be sent again.
+//! * **The database's clock.** Every time is `now()`, as the column holds
+//!   it: `{chat_now}` and `{user_now}` are `now()` for a `timestamptz`
+//!   column and `(now() AT TIME ZONE 'UTC')` for a `timestamp without time
+//!   zone` one (see `schema.rs`), so the answers do not depend on the
+//!   session's `TimeZone` and no connection needs one pinned. A node's clock
+//!   never enters a comparison.
 //! * **Ownership in every write.** A lock is only freed, re-dated or taken
 //!   over by a predicate on `busy_turn_ref` inside the same statement.
 //! * **Locks in one order: chat row, then user row.** Statements that touch
 //!   both make the user row's part depend on the chat row's part, so two calls
-//!   never wait on each other in a cycle (no deadlock error reaches a caller).
-//! * **`updated_at` is never named**: a settings row keeps the time its
-//!   settings last changed.
+//!   never wait on each other in a cycle.
+//! * **`updated_at` is never changed**: a settings row keeps the time its
+//!   settings last changed. Only a new row gets one, among `{fill_columns}`
+//!   (the host's `NOT NULL` columns without a default).
+//! * **Any isolation level.** Under READ COMMITTED a statement that waited
+//!   for a row re-checks its predicate on the row's newest version; under
+//!   REPEATABLE READ or SERIALIZABLE it fails with 40001 instead, and the
+//!   pool sends it again (see `pool.rs`).
 //!
 //! A lock is *free for ref `r`* when its ref is NULL, its `busy_since` is NULL
 //! or older than the TTL, or it is already `r`'s (taking a lock you hold again
 //! re-dates it; it never steals). `{chats}` and `{users}` stand for the two
-//! table names, optionally schema-qualified; [`Statements::new`] fills them in
-//! once per pool.
+//! table names, optionally schema-qualified; [`Statements::new`] fills every
+//! placeholder in once per pool.
 //!
-//! Parameters are cast in the text so their types are fixed at `PREPARE`:
-//! uuids are `uuid`, refs `text`, seconds `int4`.
+//! Parameters are cast in the text and their types listed with each
+//! statement ([`Def::params`]): a prepared statement gets them at `PREPARE`,
+//! an unnamed one (behind PgBouncer) sends them with every call.
+
+use tokio_postgres::types::Type;
+
+use crate::schema::Tables;
+
+/// A statement's text (with placeholders) and the types of its parameters.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Def {
+    pub text: &'static str,
+    pub params: &'static [Type],
+}
 
 /// Takes the chat's and the user's lock for a turn, or neither.
 ///
@@ -47,35 +68,38 @@
 ///
 /// Returns one row: `acquired` (both taken) and `user_holder` (NULL when the
 /// chat was busy and the user row was never touched).
-pub const ACQUIRE: &str = "
+pub(crate) const ACQUIRE: Def = Def {
+    text: "
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid
     AND (c.busy_turn_ref IS NULL OR c.busy_turn_ref = $3::text OR c.busy_since IS NULL
-         OR c.busy_since < now() - $4::int4 * interval '1 second')
+         OR c.busy_since < {chat_now} - $4::int4 * interval '1 second')
   FOR UPDATE
 ),
 usr AS (
-  INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref)
-  SELECT $2::uuid, now(), $3::text FROM chat
+  INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
+  SELECT $2::uuid, {user_now}, $3::text{fill_values} FROM chat
   ON CONFLICT (user_uuid) DO UPDATE SET
     busy_since = CASE
       WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
-           OR u.busy_since < now() - $4::int4 * interval '1 second'
-      THEN now() ELSE u.busy_since END,
+           OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
+      THEN {user_now} ELSE u.busy_since END,
     busy_turn_ref = CASE
       WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
-           OR u.busy_since < now() - $4::int4 * interval '1 second'
+           OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
       THEN $3::text ELSE u.busy_turn_ref END
   RETURNING u.busy_turn_ref AS holder
 ),
 took AS (
-  UPDATE {chats} c SET busy_since = now(), busy_turn_ref = $3::text
+  UPDATE {chats} c SET busy_since = {chat_now}, busy_turn_ref = $3::text
   WHERE c.uuid = (SELECT uuid FROM chat)
     AND (SELECT holder FROM usr) = $3::text
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder";
+SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder",
+    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
+};
 
 /// Takes the user's lock alone for a click, dated back by `ttl - hold`.
 ///
@@ -87,54 +111,70 @@ SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user
 /// take it `$4` seconds after this call, should the click never release it.
 /// As in [`ACQUIRE`], a refused row is written back unchanged so that
 /// `RETURNING` names the current holder, even one newer than the snapshot.
-pub const ACQUIRE_USER: &str = "
-INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref)
-VALUES ($1::uuid, now() - ($3::int4 - $4::int4) * interval '1 second', $2::text)
+/// Returns one row: the holder.
+pub(crate) const ACQUIRE_USER: Def = Def {
+    text: "
+INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
+VALUES ($1::uuid, {user_now} - ($3::int4 - $4::int4) * interval '1 second', $2::text{fill_values})
 ON CONFLICT (user_uuid) DO UPDATE SET
   busy_since = CASE
     WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $2::text OR u.busy_since IS NULL
-         OR u.busy_since < now() - $3::int4 * interval '1 second'
+         OR u.busy_since < {user_now} - $3::int4 * interval '1 second'
     THEN EXCLUDED.busy_since ELSE u.busy_since END,
   busy_turn_ref = CASE
     WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $2::text OR u.busy_since IS NULL
-         OR u.busy_since < now() - $3::int4 * interval '1 second'
+         OR u.busy_since < {user_now} - $3::int4 * interval '1 second'
     THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END
-RETURNING u.busy_turn_ref AS holder";
+RETURNING u.busy_turn_ref AS holder",
+    params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
+};
 
 /// Whether the chat's lock is `$2`'s and not older than `$3` seconds.
 ///
 /// `$1` chat uuid, `$2` turn ref, `$3` TTL. "Fresh" is the exact negation of
 /// the take-over predicate (`busy_since < now() - ttl`): a fresh lock cannot
-/// be taken over, a lock that is not fresh can.
-pub const FRESH: &str = "
+/// be taken over, a lock that is not fresh can. Returns one row: the answer.
+pub(crate) const FRESH: Def = Def {
+    text: "
 SELECT EXISTS (
   SELECT 1 FROM {chats}
   WHERE uuid = $1::uuid AND busy_turn_ref = $2::text
-    AND busy_since >= now() - $3::int4 * interval '1 second'
-)";
+    AND busy_since >= {chat_now} - $3::int4 * interval '1 second'
+)",
+    params: &[Type::UUID, Type::TEXT, Type::INT4],
+};
 
 /// Whether `$3` holds both the chat's (`$1`) and the user's (`$2`) lock.
 ///
-/// Both rows are read from one snapshot, so the answer is true of one moment.
-pub const HELD: &str = "
+/// Both rows are read from one snapshot, so the answer is true of one
+/// moment. Returns one row: the answer.
+pub(crate) const HELD: Def = Def {
+    text: "
 SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $3::text)
-   AND EXISTS (SELECT 1 FROM {users} WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text)";
+   AND EXISTS (SELECT 1 FROM {users} WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text)",
+    params: &[Type::UUID, Type::UUID, Type::TEXT],
+};
 
 /// Re-dates a click's lock as if taken now, only while `$2` still holds it.
 ///
-/// `$1` user uuid, `$2` click ref, `$3` TTL, `$4` hold. One row updated means
-/// the click held it (`true`); none means it had been released or taken over.
-pub const KEEP_USER: &str = "
-UPDATE {users} SET busy_since = now() - ($3::int4 - $4::int4) * interval '1 second'
-WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text";
+/// `$1` user uuid, `$2` click ref, `$3` TTL, `$4` hold. Returns a row when
+/// the click held it (`true`), none when it had been released or taken over.
+pub(crate) const KEEP_USER: Def = Def {
+    text: "
+UPDATE {users} SET busy_since = {user_now} - ($3::int4 - $4::int4) * interval '1 second'
+WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text
+RETURNING 1",
+    params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
+};
 
 /// Frees whichever of the two locks `$3` still holds.
 ///
 /// `$1` chat uuid, `$2` user uuid, `$3` turn ref. Each lock is freed only by
 /// its holder's ref, so a late release never frees a newer turn's lock. The
 /// user row's update waits for the chat row's (the `(SELECT count(*) FROM
-/// chat)` term) to keep the chat-then-user lock order.
-pub const RELEASE: &str = "
+/// chat)` term) to keep the chat-then-user lock order. Returns no rows.
+pub(crate) const RELEASE: Def = Def {
+    text: "
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
   WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
@@ -142,7 +182,9 @@ WITH chat AS (
 )
 UPDATE {users} SET busy_since = NULL, busy_turn_ref = NULL
 WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
-  AND (SELECT count(*) FROM chat) >= 0";
+  AND (SELECT count(*) FROM chat) >= 0",
+    params: &[Type::UUID, Type::UUID, Type::TEXT],
+};
 
 /// Frees a lost turn's locks: only while the chat's lock is still `$3`'s and
 /// older than `$4` seconds.
@@ -151,12 +193,13 @@ WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
 /// callers the second waits on the chat row, re-checks the predicate on the
 /// freed row and matches nothing: exactly one sees `released = true`. The
 /// user's lock goes in the same statement, only if this call freed the chat
-/// and `$3` still holds it.
-pub const RELEASE_STALE: &str = "
+/// and `$3` still holds it. Returns one row: `released`.
+pub(crate) const RELEASE_STALE: Def = Def {
+    text: "
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
   WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
-    AND busy_since < now() - $4::int4 * interval '1 second'
+    AND busy_since < {chat_now} - $4::int4 * interval '1 second'
   RETURNING 1
 ),
 usr AS (
@@ -165,57 +208,111 @@ usr AS (
     AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users";
+SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users",
+    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
+};
 
-/// Frees the user's lock if `$2` still holds it. `$1` user uuid.
-pub const RELEASE_USER: &str = "
+/// Frees the user's lock if `$2` still holds it. `$1` user uuid. Returns no rows.
+pub(crate) const RELEASE_USER: Def = Def {
+    text: "
 UPDATE {users} SET busy_since = NULL, busy_turn_ref = NULL
-WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text";
+WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
+    params: &[Type::UUID, Type::TEXT],
+};
 
-/// The statements with the table names filled in, built once per pool.
+/// The columns of both tables, as [`Tables::from_columns`] needs them; run
+/// once per pool, before its first lock statement.
 ///
-/// The texts are the cache keys of the per-connection prepared statements, so
+/// `$1` the chat table's name, `$2` the user table's, each quoted and
+/// qualified as the lock statements write them, so they resolve the same
+/// way (`search_path` and all). A table that does not exist fails the cast
+/// with 42P01, as any lock statement would.
+pub(crate) const COLUMNS: Def = Def {
+    text: "
+SELECT a.attrelid = $1::text::regclass AS chats, a.attname::text AS name,
+       t.typname::text AS type_name, a.attnotnull AS not_null,
+       (a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '') AS has_default
+FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
+WHERE a.attrelid IN ($1::text::regclass, $2::text::regclass)
+  AND a.attnum > 0 AND NOT a.attisdropped
+ORDER BY a.attrelid, a.attnum",
+    params: &[Type::TEXT, Type::TEXT],
+};
+
+/// A statement ready to run on a pool's connections.
+#[derive(Clone, Debug)]
+pub(crate) struct Statement {
+    /// The Elixir function that runs it; the key of its prepared statement.
+    pub name: &'static str,
+    pub text: String,
+    pub params: &'static [Type],
+}
+
+/// The lock statements with every placeholder filled in, built once per pool.
+///
+/// The texts are also the keys of each connection's prepared statements, so
 /// building them once keeps each statement to one `PREPARE` per connection.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Statements {
-    pub acquire: String,
-    pub acquire_user: String,
-    pub fresh: String,
-    pub held: String,
-    pub keep_user: String,
-    pub release: String,
-    pub release_stale: String,
-    pub release_user: String,
+    pub acquire: Statement,
+    pub acquire_user: Statement,
+    pub fresh: Statement,
+    pub held: Statement,
+    pub keep_user: Statement,
+    pub release: Statement,
+    pub release_stale: Statement,
+    pub release_user: Statement,
 }
 
 impl Statements {
-    /// Fills in the table names; `schema` is an already quoted identifier.
-    pub fn new(schema: Option<&str>) -> Self {
-        let (chats, users) = crate::schema::table_names(schema);
-        let fill = |sql: &str| sql.replace("{chats}", &chats).replace("{users}", &users);
+    /// Fills the placeholders in for `tables`.
+    pub fn new(tables: &Tables) -> Self {
+        let fill_columns: String = tables
+            .user_fills
+            .iter()
+            .map(|(column, _)| format!(", {column}"))
+            .collect();
+        let fill_values: String = tables
+            .user_fills
+            .iter()
+            .map(|(_, value)| format!(", {value}"))
+            .collect();
+        let fill = |name: &'static str, def: Def| Statement {
+            name,
+            text: def
+                .text
+                .replace("{chats}", &tables.chats)
+                .replace("{users}", &tables.users)
+                .replace("{chat_now}", tables.chat_now)
+                .replace("{user_now}", tables.user_now)
+                .replace("{fill_columns}", &fill_columns)
+                .replace("{fill_values}", &fill_values),
+            params: def.params,
+        };
         Statements {
-            acquire: fill(ACQUIRE),
-            acquire_user: fill(ACQUIRE_USER),
-            fresh: fill(FRESH),
-            held: fill(HELD),
-            keep_user: fill(KEEP_USER),
-            release: fill(RELEASE),
-            release_stale: fill(RELEASE_STALE),
-            release_user: fill(RELEASE_USER),
+            acquire: fill("acquire", ACQUIRE),
+            acquire_user: fill("acquire_user", ACQUIRE_USER),
+            fresh: fill("fresh?", FRESH),
+            held: fill("held?", HELD),
+            keep_user: fill("keep_user", KEEP_USER),
+            release: fill("release", RELEASE),
+            release_stale: fill("release_stale", RELEASE_STALE),
+            release_user: fill("release_user", RELEASE_USER),
         }
     }
 
-    /// Every statement, named after the Elixir function that runs it.
-    pub fn all(&self) -> [(&'static str, &str); 8] {
+    /// Every statement.
+    #[cfg(test)]
+    pub fn all(&self) -> [&Statement; 8] {
         [
-            ("acquire", &self.acquire),
-            ("acquire_user", &self.acquire_user),
-            ("fresh?", &self.fresh),
-            ("held?", &self.held),
-            ("keep_user", &self.keep_user),
-            ("release", &self.release),
-            ("release_stale", &self.release_stale),
-            ("release_user", &self.release_user),
+            &self.acquire,
+            &self.acquire_user,
+            &self.fresh,
+            &self.held,
+            &self.keep_user,
+            &self.release,
+            &self.release_stale,
+            &self.release_user,
         ]
     }
 }
@@ -223,28 +320,61 @@ impl Statements {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::schema::tests::shipped;
 
-    #[test]
-    fn every_statement_has_its_table_names_filled_in() {
-        let plain = Statements::new(None);
-        let prefixed = Statements::new(Some("\"phoenix_kit\""));
-        for (_, sql) in plain.all().iter().chain(prefixed.all().iter()) {
-            assert!(!sql.contains('{'), "unfilled placeholder in {sql}");
-        }
-        assert!(prefixed
-            .acquire
-            .contains("\"phoenix_kit\".phoenix_kit_agent_conversations"));
-        assert!(plain
-            .acquire
-            .contains(" phoenix_kit_agent_user_settings AS u"));
+    fn statements(prefix: Option<&str>) -> Statements {
+        Statements::new(&Tables::from_columns(prefix, &shipped()).expect("shipped tables"))
     }
 
     #[test]
-    fn no_statement_names_updated_at_or_a_node_clock() {
-        for (_, sql) in Statements::new(None).all() {
-            assert!(!sql.contains("updated_at"), "{sql}");
-            assert!(!sql.contains("clock_timestamp"), "{sql}");
-            assert!(!sql.contains("$5"), "{sql}");
+    fn every_placeholder_is_filled_in() {
+        for prefix in [None, Some("phoenix_kit")] {
+            for statement in statements(prefix).all() {
+                assert!(!statement.text.contains('{'), "{statement:?}");
+            }
+        }
+        assert!(statements(Some("phoenix_kit"))
+            .acquire
+            .text
+            .contains("\"phoenix_kit\".phoenix_kit_agent_conversations"));
+    }
+
+    #[test]
+    fn every_parameter_has_its_type() {
+        for statement in statements(None).all() {
+            let used = (1..=9)
+                .filter(|n| statement.text.contains(&format!("${n}")))
+                .count();
+            assert_eq!(used, statement.params.len(), "{}", statement.name);
+        }
+    }
+
+    #[test]
+    fn no_statement_changes_updated_at_or_reads_a_node_clock() {
+        for statement in statements(None).all() {
+            assert!(!statement.text.contains("updated_at"), "{}", statement.name);
+            assert!(
+                !statement.text.contains("clock_timestamp"),
+                "{}",
+                statement.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_new_settings_row_gets_the_fills_and_an_update_never_does() {
+        let tables = Tables {
+            user_fills: vec![("\"updated_at\"".into(), "now()")],
+            ..Tables::from_columns(None, &shipped()).expect("shipped tables")
+        };
+        let statements = Statements::new(&tables);
+        for statement in [&statements.acquire, &statements.acquire_user] {
+            let (insert, update) = statement.text.split_once("ON CONFLICT").expect("an upsert");
+            assert!(
+                insert.contains("busy_turn_ref, \"updated_at\")"),
+                "{insert}"
+            );
+            assert!(!update.contains("updated_at"), "{update}");
         }
     }
 }

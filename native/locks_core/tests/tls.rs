@@ -8,22 +8,21 @@
 //! running for the next run, like the shared one; `LOCKS_PG_DIR=$PWD/_build/pg-tls
 //! scripts/pg stop` stops it.
 //!
-//! The server certificate is for `localhost` and `127.0.0.1`; `wrong.example`
-//! reaches the same server through `hostaddr`, to show what `verify-full`
-//! checks that `verify-ca` does not.
+//! The server certificate is for `localhost` only: reached as `127.0.0.1`,
+//! the same server shows what `verify_full` checks that `verify_ca` does not.
+
+mod common;
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use locks_core::config::Options;
-use locks_core::{Config, Error, Locks, SslMode, TurnRef, Uuid};
+use locks_core::{Error, Location, LockPool, Settings, SslMode, TurnRef, Uuid};
 
 /// The cluster's URL (no TLS parameters) and the certificates' directory.
 struct Cluster {
     url: String,
-    port: String,
     certs: PathBuf,
 }
 
@@ -87,8 +86,7 @@ fn pg_bin() -> PathBuf {
     versions.pop().expect("a PostgreSQL server version")
 }
 
-/// Makes a CA, a server certificate it signs (for `localhost` and
-/// `127.0.0.1`) and an unrelated CA, in `dir`.
+/// Makes a CA, a server certificate it signs (for `localhost` only) and an unrelated CA, in `dir`.
 fn make_certificates(dir: &Path) {
     fs::create_dir_all(dir).expect("certificate directory");
     let openssl = |args: &[&str]| run(Command::new("openssl").current_dir(dir).args(args));
@@ -117,7 +115,7 @@ fn make_certificates(dir: &Path) {
     openssl(&args);
     fs::write(
         dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+        "subjectAltName=DNS:localhost\nbasicConstraints=CA:FALSE\n\
          keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
     )
     .expect("extension file");
@@ -204,10 +202,6 @@ fn cluster() -> &'static Cluster {
             fs::write(certs.join("ready"), "").expect("marker");
             url = start();
         }
-        let port = fs::read_to_string(dir.join("port"))
-            .expect("the cluster's port file")
-            .trim()
-            .to_owned();
         // The tables, once: `held` reads both. On a thread of its own: this
         // runs inside a test's runtime, which cannot block on another.
         let ddl_url = url.clone();
@@ -217,56 +211,59 @@ fn cluster() -> &'static Cluster {
                 .build()
                 .expect("a runtime")
                 .block_on(async {
-                    let config = Config::new(&options(&ddl_url, "require"))?;
-                    Locks::new(config)?
-                        .run_ddl(&locks_core::schema::tables(None))
+                    let settings = with(&ddl_url, SslMode::Require, None);
+                    LockPool::new(settings.clone())?
+                        .run_ddl(common::now(&settings), &locks_core::schema::tables(None))
                         .await
                 })
         })
         .join()
         .expect("the DDL thread ends")
         .expect("the tables can be created over TLS");
-        Cluster { url, port, certs }
+        Cluster { url, certs }
     })
 }
 
-fn options<'a>(url: &'a str, sslmode: &'a str) -> Options<'a> {
-    Options {
-        url,
-        sslmode: Some(sslmode),
-        connect_timeout_ms: Some(5_000),
-        ..Options::default()
+/// Settings for `url` in `mode`, trusting `ca_file`.
+fn with(url: &str, mode: SslMode, ca_file: Option<String>) -> Settings {
+    Settings {
+        sslmode: mode,
+        ssl_ca_file: ca_file,
+        ..common::settings(url)
     }
+}
+
+/// The same settings, reaching the server by another name.
+fn at_host(mut settings: Settings, host: &str) -> Settings {
+    settings.location = Location::Host(host.to_owned());
+    settings
 }
 
 /// One lock call (`held`) on a fresh pool: a connection, TLS included, and a
 /// statement.
-async fn call(options: &Options<'_>) -> Result<bool, Error> {
-    let locks = Locks::new(Config::new(options)?)?;
-    let id = Uuid::parse("uuid", "6f1c4f9e-8a53-4a77-9b1e-3f0c2d8e5a10")?;
-    locks
-        .held(&id, &id, TurnRef::parse("turn_ref", "turn-tls")?)
-        .await
+async fn call(settings: Settings) -> Result<bool, Error> {
+    let pool = LockPool::new(settings.clone())?;
+    let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
+    let turn = TurnRef::new("turn-tls").expect("a turn ref");
+    pool.held(common::now(&settings), &id, &id, turn).await
 }
 
 #[tokio::test]
-async fn require_encrypts_without_checking_the_certificate() {
+async fn require_and_prefer_encrypt_without_checking_the_certificate() {
     let cluster = cluster();
-    assert_eq!(
-        call(&options(&cluster.url, "require")).await.ok(),
-        Some(false)
-    );
-    // prefer takes the TLS the server offers.
-    assert_eq!(
-        call(&options(&cluster.url, "prefer")).await.ok(),
-        Some(false)
-    );
+    for mode in [SslMode::Require, SslMode::Prefer] {
+        assert_eq!(
+            call(with(&cluster.url, mode, None)).await.ok(),
+            Some(false),
+            "{mode:?}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn disable_is_refused_by_this_server_so_success_above_means_tls() {
     let cluster = cluster();
-    let err = call(&options(&cluster.url, "disable"))
+    let err = call(with(&cluster.url, SslMode::Disable, None))
         .await
         .expect_err("the server refuses plain TCP")
         .to_string();
@@ -274,51 +271,30 @@ async fn disable_is_refused_by_this_server_so_success_above_means_tls() {
 }
 
 #[tokio::test]
-async fn verify_full_with_the_right_ca_succeeds() {
+async fn verify_full_with_the_right_ca_and_name_succeeds() {
     let cluster = cluster();
-    let ca = cluster.ca();
-    let options = Options {
-        ssl_ca_file: Some(&ca),
-        ..options(&cluster.url, "verify-full")
-    };
-    assert_eq!(call(&options).await.ok(), Some(false));
+    let settings = at_host(
+        with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())),
+        "localhost",
+    );
+    assert_eq!(call(settings).await.ok(), Some(false));
 }
 
 #[tokio::test]
-async fn verify_full_and_its_ca_file_can_come_from_the_url() {
+async fn a_wrong_ca_fails_naming_the_certificate() {
     let cluster = cluster();
-    let url = format!(
-        "{}?sslmode=verify-full&sslrootcert={}",
-        cluster.url,
-        cluster.ca().replace('/', "%2F")
-    );
-    let options = Options {
-        url: &url,
-        ..Options::default()
-    };
-    assert_eq!(
-        Config::new(&options).expect("valid").sslmode(),
-        SslMode::VerifyFull
-    );
-    assert_eq!(call(&options).await.ok(), Some(false));
-}
-
-#[tokio::test]
-async fn verify_full_with_a_wrong_ca_fails_naming_the_certificate() {
-    let cluster = cluster();
-    let wrong = cluster.wrong_ca();
-    for mode in ["verify-full", "verify-ca"] {
-        let options = Options {
-            ssl_ca_file: Some(&wrong),
-            ..options(&cluster.url, mode)
-        };
-        let err = call(&options).await.expect_err("an unknown issuer");
+    for mode in [SslMode::VerifyFull, SslMode::VerifyCa] {
+        let settings = at_host(
+            with(&cluster.url, mode, Some(cluster.wrong_ca())),
+            "localhost",
+        );
+        let err = call(settings).await.expect_err("an unknown issuer");
         assert!(matches!(err, Error::Connect(_)), "{err:?}");
         assert_eq!(
             err.to_string(),
             "database connection failed: error performing TLS handshake: \
              invalid peer certificate: UnknownIssuer",
-            "{mode}"
+            "{mode:?}"
         );
     }
 }
@@ -326,30 +302,25 @@ async fn verify_full_with_a_wrong_ca_fails_naming_the_certificate() {
 #[tokio::test]
 async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     let cluster = cluster();
-    let ca = cluster.ca();
-    // The same server, reached as a name its certificate is not for.
-    let url = format!(
-        "postgres://locks:locks-test-pw@wrong.example:{}/locks?hostaddr=127.0.0.1",
-        cluster.port
+    // The same server, reached as an address its certificate is not for.
+    let full = at_host(
+        with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())),
+        "127.0.0.1",
     );
-    let full = Options {
-        ssl_ca_file: Some(&ca),
-        ..options(&url, "verify-full")
-    };
-    let err = call(&full)
+    let err = call(full)
         .await
         .expect_err("a certificate for another name")
         .to_string();
     assert_eq!(
         err,
         "database connection failed: error performing TLS handshake: invalid peer certificate: \
-         certificate not valid for name \"wrong.example\"; certificate is only valid for \
-         DnsName(\"localhost\") or IpAddress(127.0.0.1)"
+         certificate not valid for name \"127.0.0.1\"; certificate is only valid for \
+         DnsName(\"localhost\")"
     );
 
-    let ca_only = Options {
-        ssl_ca_file: Some(&ca),
-        ..options(&url, "verify-ca")
-    };
-    assert_eq!(call(&ca_only).await.ok(), Some(false));
+    let ca_only = at_host(
+        with(&cluster.url, SslMode::VerifyCa, Some(cluster.ca())),
+        "127.0.0.1",
+    );
+    assert_eq!(call(ca_only).await.ok(), Some(false));
 }

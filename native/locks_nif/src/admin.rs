@@ -1,88 +1,92 @@
 //! Starting and stopping the pool, and the schema DDL.
 
-use locks_core::config::Options;
-use locks_core::{global, schema, Config};
-use rustler::{Atom, Decoder, NifResult, Term};
+use std::str::FromStr;
+use std::time::{Duration, Instant};
+
+use locks_core::args::CLICK_REF_PREFIX;
+use locks_core::{global, schema, Deadline, Location, Prepare, Settings, SslMode};
+use rustler::{Atom, Decoder, Env, NifResult, NifStruct, Term};
 
 use crate::atoms;
+use crate::call::{now_ns, wake, GATE};
 use crate::error::raise;
 
-/// The options `PhoenixKitAgent.Turns.Locks.Config` hands over: a map with
-/// an atom key per setting, `nil` (or an absent key) meaning "the default".
-/// Decoded by hand rather than with `NifMap`, which needs every key: a map
-/// written for an older set of keys still starts the pool.
-struct StartOptions {
-    url: Option<String>,
-    host: Option<String>,
-    port: Option<i64>,
-    user: Option<String>,
-    password: Option<String>,
-    dbname: Option<String>,
+/// `PhoenixKitAgent.Turns.Locks.Config`: every setting resolved, defaulted
+/// and checked by the Elixir side, one field per setting.
+#[derive(NifStruct)]
+#[module = "PhoenixKitAgent.Turns.Locks.Config"]
+#[rustler(decode)]
+struct Config {
+    hostname: Option<String>,
     socket_dir: Option<String>,
-    sslmode: Option<String>,
+    // rustler decodes a u16 by truncating a u32: 70_000 would be 4_464.
+    port: u32,
+    username: String,
+    password: Option<String>,
+    database: String,
+    sslmode: Named<SslMode>,
     ssl_ca_file: Option<String>,
-    pool_size: Option<i64>,
-    connect_timeout: Option<i64>,
-    checkout_timeout: Option<i64>,
-    statement_timeout: Option<i64>,
+    application_name: String,
     prefix: Option<String>,
+    pool_size: usize,
+    connect_timeout: u64,
+    checkout_timeout: u64,
+    statement_timeout: u64,
+    prepare: Named<Prepare>,
 }
 
-impl<'a> Decoder<'a> for StartOptions {
+/// An atom that names a value of `T` (`:verify_full`, `:unnamed`).
+struct Named<T>(T);
+
+impl<'a, T: FromStr + 'a> Decoder<'a> for Named<T> {
     fn decode(term: Term<'a>) -> NifResult<Self> {
-        if !term.is_map() {
-            return Err(rustler::Error::BadArg);
-        }
-        // A key that is absent or nil is "not given"; a value of the wrong
-        // type is a bad argument (the Elixir side checked the types already).
-        fn get<'a, T: Decoder<'a>>(map: Term<'a>, key: &str) -> NifResult<Option<T>> {
-            let key = Atom::from_str(map.get_env(), key)?;
-            match map.map_get(key) {
-                Ok(value) => value.decode(),
-                Err(_) => Ok(None),
-            }
-        }
-        Ok(StartOptions {
-            url: get(term, "url")?,
-            host: get(term, "host")?,
-            port: get(term, "port")?,
-            user: get(term, "user")?,
-            password: get(term, "password")?,
-            dbname: get(term, "dbname")?,
-            socket_dir: get(term, "socket_dir")?,
-            sslmode: get(term, "sslmode")?,
-            ssl_ca_file: get(term, "ssl_ca_file")?,
-            pool_size: get(term, "pool_size")?,
-            connect_timeout: get(term, "connect_timeout")?,
-            checkout_timeout: get(term, "checkout_timeout")?,
-            statement_timeout: get(term, "statement_timeout")?,
-            prefix: get(term, "prefix")?,
+        term.atom_to_string()?
+            .parse()
+            .map(Named)
+            .map_err(|_| rustler::Error::BadArg)
+    }
+}
+
+impl Config {
+    /// The core's settings; a port no socket can have is a bad argument.
+    fn settings(self) -> NifResult<Settings> {
+        let c = self;
+        let port = u16::try_from(c.port)
+            .ok()
+            .filter(|port| *port > 0)
+            .ok_or(rustler::Error::BadArg)?;
+        Ok(Settings {
+            // A socket directory wins over a host name, as in Postgrex.
+            location: match (c.socket_dir, c.hostname) {
+                (Some(dir), _) => Location::SocketDir(dir),
+                (None, host) => Location::Host(host.unwrap_or_default()),
+            },
+            port,
+            username: c.username,
+            password: c.password,
+            database: c.database,
+            sslmode: c.sslmode.0,
+            ssl_ca_file: c.ssl_ca_file,
+            application_name: c.application_name,
+            prefix: c.prefix,
+            pool_size: c.pool_size,
+            connect_timeout: Duration::from_millis(c.connect_timeout),
+            checkout_timeout: Duration::from_millis(c.checkout_timeout),
+            statement_timeout: Duration::from_millis(c.statement_timeout),
+            prepare: c.prepare.0,
         })
     }
 }
 
-/// Checks the options and installs a new pool (closing the previous one).
+/// Installs a new pool (closing the previous one) and sizes the gate to it.
 /// Connects nothing; reads the CA file when a verifying `sslmode` names one.
 #[rustler::nif(schedule = "DirtyIo")]
-fn start(options: StartOptions) -> NifResult<Atom> {
-    let config = Config::new(&Options {
-        url: options.url.as_deref().unwrap_or(""),
-        host: options.host.as_deref(),
-        port: options.port,
-        user: options.user.as_deref(),
-        password: options.password.as_deref(),
-        dbname: options.dbname.as_deref(),
-        socket_dir: options.socket_dir.as_deref(),
-        sslmode: options.sslmode.as_deref(),
-        ssl_ca_file: options.ssl_ca_file.as_deref(),
-        pool_size: options.pool_size,
-        connect_timeout_ms: options.connect_timeout,
-        checkout_timeout_ms: options.checkout_timeout,
-        statement_timeout_ms: options.statement_timeout,
-        prefix: options.prefix.as_deref(),
-    })
-    .map_err(raise)?;
-    global::start(config).map_err(raise)?;
+fn start(env: Env<'_>, config: Config) -> NifResult<Atom> {
+    let pool = global::start(config.settings()?).map_err(raise)?;
+    let wakes = GATE.set_capacity(pool.settings().pool_size, now_ns(), |pid| {
+        env.is_process_alive(*pid)
+    });
+    wake(env, wakes);
     Ok(atoms::ok())
 }
 
@@ -94,52 +98,29 @@ fn stop() -> Atom {
 }
 
 /// Which DDL: `:tables` or `:lock_columns`; any other atom is a bad argument.
-#[derive(Clone, Copy)]
-enum Ddl {
-    Tables,
-    LockColumns,
-}
-
-impl Ddl {
-    fn from_atom(kind: Atom) -> NifResult<Self> {
-        if kind == atoms::tables() {
-            Ok(Ddl::Tables)
-        } else if kind == atoms::lock_columns() {
-            Ok(Ddl::LockColumns)
-        } else {
-            Err(rustler::Error::BadArg)
-        }
-    }
-
-    /// The text, for tables qualified by `schema` (already quoted).
-    fn sql(self, schema: Option<&str>) -> String {
-        match self {
-            Ddl::Tables => schema::tables(schema),
-            Ddl::LockColumns => schema::lock_columns(schema),
-        }
+fn ddl_text(kind: Atom, prefix: Option<&str>) -> NifResult<String> {
+    if kind == atoms::tables() {
+        Ok(schema::tables(prefix))
+    } else if kind == atoms::lock_columns() {
+        Ok(schema::lock_columns(prefix))
+    } else {
+        Err(rustler::Error::BadArg)
     }
 }
 
-/// The DDL for `kind` (`:tables` or `:lock_columns`) under `prefix` (or none).
+/// The DDL for `kind` under `prefix` (or none).
 #[rustler::nif]
 fn ddl(kind: Atom, prefix: Option<String>) -> NifResult<String> {
-    let kind = Ddl::from_atom(kind)?;
-    let schema = prefix
-        .as_deref()
-        .map(schema::quote_schema)
-        .transpose()
-        .map_err(raise)?;
-    Ok(kind.sql(schema.as_deref()))
+    ddl_text(kind, prefix.as_deref())
 }
 
-/// Runs the DDL for `kind` on the installed pool, under its prefix. Any
-/// other `kind` is a bad argument, checked before the pool is touched.
+/// Runs the DDL for `kind` on the installed pool, under its prefix.
 #[rustler::nif(schedule = "DirtyIo")]
 fn setup(kind: Atom) -> NifResult<Atom> {
-    let kind = Ddl::from_atom(kind)?;
-    let locks = global::current().map_err(raise)?;
-    let ddl = kind.sql(locks.config().schema());
-    global::block_on(locks.run_ddl(&ddl))
+    let pool = global::current().map_err(raise)?;
+    let ddl = ddl_text(kind, pool.settings().prefix.as_deref())?;
+    let deadline = Deadline::new(Instant::now(), pool.settings());
+    global::block_on(pool.run_ddl(deadline, &ddl))
         .map_err(raise)?
         .map_err(raise)?;
     Ok(atoms::ok())
@@ -151,14 +132,9 @@ fn loaded() -> bool {
     true
 }
 
-/// The text of every statement as the installed pool runs it, by function
-/// name: what `mix locks.bench` sends to pgbench to compare against.
+/// The prefix of a click's ref (`click_ref/0`), which the core tells a
+/// refusal's holder by.
 #[rustler::nif]
-fn statements() -> NifResult<Vec<(String, String)>> {
-    let locks = global::current().map_err(raise)?;
-    Ok(locks
-        .statements()
-        .iter()
-        .map(|(name, sql)| ((*name).to_owned(), (*sql).to_owned()))
-        .collect())
+fn click_prefix() -> &'static str {
+    CLICK_REF_PREFIX
 }

@@ -1,8 +1,9 @@
-//! The atoms the NIF returns or raises.
+//! The atoms the NIF returns, raises or sends.
 
 rustler::atoms! {
     ok,
     error,
+    wait,
     // acquire/4 and acquire_user/4 refusals
     conversation_busy,
     turn_in_flight,
@@ -13,8 +14,11 @@ rustler::atoms! {
     connect,
     pool_timeout,
     timeout,
+    disconnected,
     statement,
     // DDL kinds
     tables,
     lock_columns,
+    // The message that hands a waiting caller its turn.
+    phoenix_kit_agent_locks,
 }

@@ -1,21 +1,15 @@
-//! The one place where a `locks_core::Error` becomes an Elixir exception.
+//! The one place where a `locks_core::Error` becomes an Elixir exception:
+//! `PhoenixKitAgent.Turns.Locks.Error`, with a `reason` atom to match on,
+//! the SQLSTATE when PostgreSQL refused a statement, and a message that never
+//! contains the database password.
 //!
-//! Bad arguments raise `ArgumentError`; everything else raises
-//! `PhoenixKitAgent.Turns.Locks.Error` with a `reason` atom to match on
-//! (`:connect`, `:timeout`, `:pool_timeout`, `:statement`, `:config`,
-//! `:not_started`), the SQLSTATE when PostgreSQL refused a statement, and a
-//! message that never contains the database password.
+//! A term the NIF cannot use as an argument is `rustler::Error::BadArg`
+//! (an `ArgumentError`) and never gets here: the Elixir API words those.
 
 use locks_core::Error;
 use rustler::{Atom, NifException};
 
 use crate::atoms;
-
-#[derive(NifException)]
-#[module = "ArgumentError"]
-struct ArgumentError {
-    message: String,
-}
 
 #[derive(NifException)]
 #[module = "PhoenixKitAgent.Turns.Locks.Error"]
@@ -27,22 +21,18 @@ struct LocksError {
 
 /// Turns a core error into the exception the NIF raises.
 pub fn raise(err: Error) -> rustler::Error {
-    let message = err.to_string();
     let reason = match &err {
-        Error::InvalidArgument { .. } => {
-            return rustler::Error::RaiseTerm(Box::new(ArgumentError { message }))
-        }
         Error::Config { .. } => atoms::config(),
         Error::NotStarted => atoms::not_started(),
         Error::Connect(_) => atoms::connect(),
         Error::PoolTimeout(_) => atoms::pool_timeout(),
         Error::Timeout(_) => atoms::timeout(),
+        Error::Disconnected(_) => atoms::disconnected(),
         Error::Statement { .. } => atoms::statement(),
     };
-    let sqlstate = err.sqlstate().map(str::to_owned);
     rustler::Error::RaiseTerm(Box::new(LocksError {
         reason,
-        message,
-        sqlstate,
+        message: err.to_string(),
+        sqlstate: err.sqlstate().map(str::to_owned),
     }))
 }

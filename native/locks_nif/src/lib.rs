@@ -1,14 +1,17 @@
 //! The NIF of `PhoenixKitAgent.Turns.Locks.Native`: terms in, `locks_core`
 //! calls, terms out. Nothing here decides anything about locks.
 //!
-//! Every function that may touch the network runs on a dirty-I/O scheduler,
-//! so a call waiting for PostgreSQL never holds a normal scheduler.
+//! Every lock function runs on a dirty-I/O scheduler, so a call waiting for
+//! PostgreSQL never holds a normal scheduler, and only with a turn from the
+//! gate (`call.rs`), so waiting calls never hold all the dirty ones either.
+//! The one `unsafe` call reads the VM's monotonic clock (`call.rs`).
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod admin;
 mod args;
 mod atoms;
+mod call;
 mod error;
 mod locks;
 

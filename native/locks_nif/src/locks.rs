@@ -1,45 +1,37 @@
-//! The nine lock calls (`click_ref/0` is pure Elixir): decode, call the core
-//! on the dirty-I/O scheduler thread, encode the documented term.
+//! The lock calls (`click_ref/0` is pure Elixir): take the turn, decode,
+//! call the core on the dirty-I/O scheduler thread, encode the documented
+//! term. Each takes the turn's token and the caller's stamp first (see
+//! `call.rs`), then the arguments of the Elixir function.
 
-use locks_core::{global, Acquire, AcquireUser};
+use locks_core::{Acquire, AcquireUser};
 use rustler::{Atom, Encoder, Env, NifResult, Term};
 
-use crate::args::{click_ref, hold, queued_at_us, ttl, turn_ref, uuid};
+use crate::args::{click_ref, hold, ttl, turn_ref, uuid};
 use crate::atoms;
-use crate::error::raise;
+use crate::call::Call;
 
-/// Runs one core call on the installed pool, within what is left of the
-/// caller's timeout since `queued_at` (see `global::call`), mapping every
-/// error once.
-macro_rules! call {
-    ($queued_at:expr, |$locks:ident| $body:expr) => {{
-        let queued_at = queued_at_us($queued_at)?;
-        let $locks = global::current().map_err(raise)?;
-        global::call(&$locks, queued_at, $body).map_err(raise)?
-    }};
-}
-
-fn refused(reason: Atom) -> (Atom, Atom) {
-    (atoms::error(), reason)
+fn refused(env: Env<'_>, reason: Atom) -> Term<'_> {
+    (atoms::error(), reason).encode(env)
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
 fn acquire<'a>(
     env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
     chat: Term<'a>,
     user: Term<'a>,
     turn: Term<'a>,
     ttl_s: Term<'a>,
-    queued_at: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
-    let (turn, ttl) = (turn_ref(turn)?, ttl(ttl_s)?);
+    let call = Call::enter(env, token, start)?;
+    let (chat, user, turn, ttl) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?, ttl(ttl_s)?);
     Ok(
-        match call!(queued_at, |locks| locks.acquire(&chat, &user, turn, ttl)) {
+        match call.run(|pool, deadline| pool.acquire(deadline, &chat, &user, turn, ttl))? {
             Acquire::Acquired => atoms::ok().encode(env),
-            Acquire::ConversationBusy => refused(atoms::conversation_busy()).encode(env),
-            Acquire::TurnInFlight => refused(atoms::turn_in_flight()).encode(env),
-            Acquire::ClickInFlight => refused(atoms::click_in_flight()).encode(env),
+            Acquire::ConversationBusy => refused(env, atoms::conversation_busy()),
+            Acquire::TurnInFlight => refused(env, atoms::turn_in_flight()),
+            Acquire::ClickInFlight => refused(env, atoms::click_in_flight()),
         },
     )
 }
@@ -47,79 +39,109 @@ fn acquire<'a>(
 #[rustler::nif(schedule = "DirtyIo")]
 fn acquire_user<'a>(
     env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
     user: Term<'a>,
     click: Term<'a>,
     ttl_s: Term<'a>,
     hold_s: Term<'a>,
-    queued_at: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let (user, click) = (uuid("user_uuid", user)?, click_ref(click)?);
-    let ttl = ttl(ttl_s)?;
+    let call = Call::enter(env, token, start)?;
+    let (user, click, ttl) = (uuid(user)?, click_ref(click)?, ttl(ttl_s)?);
     let hold = hold(hold_s, ttl)?;
     Ok(
-        match call!(queued_at, |locks| locks
-            .acquire_user(&user, click, ttl, hold))
-        {
+        match call.run(|pool, deadline| pool.acquire_user(deadline, &user, click, ttl, hold))? {
             AcquireUser::Acquired => atoms::ok().encode(env),
-            AcquireUser::TurnInFlight => refused(atoms::turn_in_flight()).encode(env),
-            AcquireUser::ClickInFlight => refused(atoms::click_in_flight()).encode(env),
+            AcquireUser::TurnInFlight => refused(env, atoms::turn_in_flight()),
+            AcquireUser::ClickInFlight => refused(env, atoms::click_in_flight()),
         },
     )
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn fresh(chat: Term<'_>, turn: Term<'_>, ttl_s: Term<'_>, queued_at: Term<'_>) -> NifResult<bool> {
-    let chat = uuid("conversation_uuid", chat)?;
-    let (turn, ttl) = (turn_ref(turn)?, ttl(ttl_s)?);
-    Ok(call!(queued_at, |locks| locks.fresh(&chat, turn, ttl)))
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn held(chat: Term<'_>, user: Term<'_>, turn: Term<'_>, queued_at: Term<'_>) -> NifResult<bool> {
-    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
-    let turn = turn_ref(turn)?;
-    Ok(call!(queued_at, |locks| locks.held(&chat, &user, turn)))
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn keep_user(
-    user: Term<'_>,
-    click: Term<'_>,
-    ttl_s: Term<'_>,
-    hold_s: Term<'_>,
-    queued_at: Term<'_>,
+fn fresh<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    chat: Term<'a>,
+    turn: Term<'a>,
+    ttl_s: Term<'a>,
 ) -> NifResult<bool> {
-    let (user, click) = (uuid("user_uuid", user)?, click_ref(click)?);
-    let ttl = ttl(ttl_s)?;
-    let hold = hold(hold_s, ttl)?;
-    Ok(call!(queued_at, |locks| locks.keep_user(&user, click, ttl, hold)))
+    let call = Call::enter(env, token, start)?;
+    let (chat, turn, ttl) = (uuid(chat)?, turn_ref(turn)?, ttl(ttl_s)?);
+    call.run(|pool, deadline| pool.fresh(deadline, &chat, turn, ttl))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn release(chat: Term<'_>, user: Term<'_>, turn: Term<'_>, queued_at: Term<'_>) -> NifResult<Atom> {
-    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
-    let turn = turn_ref(turn)?;
-    call!(queued_at, |locks| locks.release(&chat, &user, turn));
+fn held<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    chat: Term<'a>,
+    user: Term<'a>,
+    turn: Term<'a>,
+) -> NifResult<bool> {
+    let call = Call::enter(env, token, start)?;
+    let (chat, user, turn) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?);
+    call.run(|pool, deadline| pool.held(deadline, &chat, &user, turn))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn keep_user<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    user: Term<'a>,
+    click: Term<'a>,
+    ttl_s: Term<'a>,
+    hold_s: Term<'a>,
+) -> NifResult<bool> {
+    let call = Call::enter(env, token, start)?;
+    let (user, click, ttl) = (uuid(user)?, click_ref(click)?, ttl(ttl_s)?);
+    let hold = hold(hold_s, ttl)?;
+    call.run(|pool, deadline| pool.keep_user(deadline, &user, click, ttl, hold))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn release<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    chat: Term<'a>,
+    user: Term<'a>,
+    turn: Term<'a>,
+) -> NifResult<Atom> {
+    let call = Call::enter(env, token, start)?;
+    let (chat, user, turn) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?);
+    call.run(|pool, deadline| pool.release(deadline, &chat, &user, turn))?;
     Ok(atoms::ok())
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn release_stale(
-    chat: Term<'_>,
-    user: Term<'_>,
-    turn: Term<'_>,
-    ttl_s: Term<'_>,
-    queued_at: Term<'_>,
+fn release_stale<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    chat: Term<'a>,
+    user: Term<'a>,
+    turn: Term<'a>,
+    ttl_s: Term<'a>,
 ) -> NifResult<bool> {
-    let (chat, user) = (uuid("conversation_uuid", chat)?, uuid("user_uuid", user)?);
-    let (turn, ttl) = (turn_ref(turn)?, ttl(ttl_s)?);
-    Ok(call!(queued_at, |locks| locks
-        .release_stale(&chat, &user, turn, ttl)))
+    let call = Call::enter(env, token, start)?;
+    let (chat, user, turn, ttl) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?, ttl(ttl_s)?);
+    call.run(|pool, deadline| pool.release_stale(deadline, &chat, &user, turn, ttl))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn release_user(user: Term<'_>, click: Term<'_>, queued_at: Term<'_>) -> NifResult<Atom> {
-    let (user, click) = (uuid("user_uuid", user)?, click_ref(click)?);
-    call!(queued_at, |locks| locks.release_user(&user, click));
+fn release_user<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    user: Term<'a>,
+    click: Term<'a>,
+) -> NifResult<Atom> {
+    let call = Call::enter(env, token, start)?;
+    let (user, click) = (uuid(user)?, click_ref(click)?);
+    call.run(|pool, deadline| pool.release_user(deadline, &user, click))?;
     Ok(atoms::ok())
 }

@@ -1,42 +1,119 @@
 defmodule PhoenixKitAgent.Turns.ConfigTest do
-  # What `config :phoenix_kit_agent_locks, …` (and a host's repo) becomes
-  # for the native side. Pure: nothing is started or connected here, each
-  # test makes a repo module of its own, and DATABASE_URL is only read.
+  # What `config :phoenix_kit_agent_locks, …` (and a host's repo, a URL,
+  # DATABASE_URL) becomes: one struct of checked settings for the native
+  # side. Pure: nothing is started or connected here, each test makes a repo
+  # module of its own, and DATABASE_URL is only read.
   use ExUnit.Case, async: true
 
-  alias PhoenixKitAgent.Turns.Locks.{Config, FakeRepo}
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, FakeRepo}
 
-  @dirty_io :erlang.system_info(:dirty_io_schedulers)
+  # DATABASE_URL is set for the whole test run (test_helper.exs).
+  defp database_url, do: System.fetch_env!("DATABASE_URL")
 
-  # Every field at its default: no connection, the VM's pool size.
-  defp defaults(fields), do: struct!(%Config{pool_size: @dirty_io}, fields)
+  defp read!(env) do
+    {:ok, config} = Config.read(env)
+    config
+  end
+
+  # A config with every setting at its default but those given.
+  defp defaults(fields) do
+    struct!(
+      %Config{
+        port: 5432,
+        username: nil,
+        database: nil,
+        sslmode: :prefer,
+        application_name: "phoenix_kit_agent_locks",
+        pool_size: Config.default_pool_size(),
+        connect_timeout: 5_000,
+        checkout_timeout: 5_000,
+        statement_timeout: 5_000,
+        prepare: :named
+      },
+      fields
+    )
+  end
+
+  defp refused(env) do
+    error = assert_raise Error, fn -> Config.read(env) end
+    assert error.reason == :config
+    error.message
+  end
+
+  describe "a url" do
+    test "is taken apart into its settings" do
+      assert read!(url: "postgres://u:pw@db:5433/app") ==
+               defaults(
+                 hostname: "db",
+                 port: 5433,
+                 username: "u",
+                 password: "pw",
+                 database: "app"
+               )
+    end
+
+    test "is decoded: percent-encoded parts, sslmode and sslrootcert parameters" do
+      assert read!(
+               url:
+                 "postgresql://app:p%40ss%3Aw@db/my%20db?sslmode=verify-full&sslrootcert=%2Fca.pem"
+             ) ==
+               defaults(
+                 hostname: "db",
+                 username: "app",
+                 password: "p@ss:w",
+                 database: "my db",
+                 sslmode: :verify_full,
+                 ssl_ca_file: "/ca.pem"
+               )
+    end
+
+    test "names a socket directory by a host that is a path, or a host= parameter" do
+      assert %Config{socket_dir: "/run/postgresql", hostname: nil, port: 5433} =
+               read!(url: "postgres://app@%2Frun%2Fpostgresql:5433/app")
+
+      assert %Config{socket_dir: "/run/postgresql", hostname: nil} =
+               read!(url: "postgres://app@/app?host=/run/postgresql")
+    end
+
+    test "an upper-case scheme is a scheme; prepare= is the prepare setting" do
+      assert %Config{hostname: "db", prepare: :unnamed} =
+               read!(url: "POSTGRES://app@db/app?prepare=unnamed")
+    end
+  end
 
   describe "where to connect" do
-    test "the library's url is taken as it is" do
-      assert Config.read(url: "postgres://u:pw@db:5433/app") ==
-               defaults(url: "postgres://u:pw@db:5433/app")
-    end
-
     test "with nothing configured, DATABASE_URL is the fallback" do
-      assert Config.read([]) == defaults(url: System.get_env("DATABASE_URL"))
+      assert read!([]) == read!(url: database_url())
     end
 
-    test "discrete library settings are a location of their own: no DATABASE_URL" do
-      assert Config.read(hostname: "db", port: 6432, username: "u", database: "app") ==
-               defaults(host: "db", port: 6432, user: "u", dbname: "app")
+    test "discrete settings alone name the server: DATABASE_URL is not used" do
+      assert read!(hostname: "db", port: 6432, username: "u", database: "app") ==
+               defaults(hostname: "db", port: 6432, username: "u", database: "app")
 
-      assert Config.read(socket_dir: "/run/postgresql", database: "app") ==
-               defaults(socket_dir: "/run/postgresql", dbname: "app")
+      assert read!(socket_dir: "/run/postgresql", username: "u", database: "app") ==
+               defaults(socket_dir: "/run/postgresql", username: "u", database: "app")
     end
 
-    test "a discrete setting without a location overrides DATABASE_URL's part" do
-      assert Config.read(password: "other") ==
-               defaults(url: System.get_env("DATABASE_URL"), password: "other")
+    test "a discrete setting without a server overrides DATABASE_URL's part" do
+      assert read!(password: "other") == %{read!([]) | password: "other"}
+    end
+
+    test "discrete settings override the url's parts; a hostname its socket directory too" do
+      assert read!(url: "postgres://u:pw@%2Frun/app", hostname: "bouncer", database: "other") ==
+               defaults(hostname: "bouncer", username: "u", password: "pw", database: "other")
+    end
+
+    test "the user defaults to PGUSER or USER; a database must be named" do
+      user = System.get_env("PGUSER") || System.get_env("USER")
+      if user, do: assert(read!(url: "postgres://db/app").username == user)
+
+      assert refused(url: "postgres://u@db") ==
+               "invalid configuration: database: missing: no database in the url, the repo or the settings"
     end
   end
 
   describe "repo:" do
-    test "takes the location, credentials, TLS and prefix from the repo's config/0" do
+    test "takes the location, credentials, TLS, prefix and prepare from the repo's config/0" do
       repo =
         FakeRepo.new(
           hostname: "db.internal",
@@ -46,41 +123,42 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
           database: "app_prod",
           ssl: true,
           prefix: "phoenix_kit",
+          prepare: :unnamed,
           # An Ecto repo's own pool and timeouts are not the library's.
           pool_size: 40,
           timeout: 15_000
         )
 
-      assert Config.read(repo: repo) ==
+      assert read!(repo: repo) ==
                defaults(
-                 host: "db.internal",
+                 hostname: "db.internal",
                  port: 5433,
-                 user: "app",
+                 username: "app",
                  password: "pw",
-                 dbname: "app_prod",
-                 sslmode: "require",
-                 prefix: "phoenix_kit"
+                 database: "app_prod",
+                 sslmode: :require,
+                 prefix: "phoenix_kit",
+                 prepare: :unnamed
                )
     end
 
     test "an Ecto repo configured by url: arrives as discrete settings" do
       repo = FakeRepo.new(url: "postgres://app:p%40ss@db:5432/app_dev")
 
-      assert Config.read(repo: repo) ==
+      assert read!(repo: repo) ==
                defaults(
-                 host: "db",
-                 port: 5432,
-                 user: "app",
+                 hostname: "db",
+                 username: "app",
                  password: "p@ss",
-                 dbname: "app_dev",
-                 sslmode: "disable"
+                 database: "app_dev",
+                 sslmode: :disable
                )
     end
 
-    test "a repo whose config/0 gives a url keeps it, and the url's own sslmode" do
+    test "a repo whose config/0 gives a url has it parsed, with the url's own sslmode" do
       url = "postgres://app:pw@db/app?sslmode=verify-full&sslrootcert=/ca.pem"
       repo = FakeRepo.new(url: url, keep_url: true)
-      assert Config.read(repo: repo) == defaults(url: url)
+      assert read!(repo: repo) == read!(url: url)
     end
 
     test "explicit library settings override the repo's, a hostname its socket_dir too" do
@@ -93,7 +171,7 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
           prefix: "from_repo"
         )
 
-      assert Config.read(
+      assert read!(
                repo: repo,
                hostname: "pgbouncer",
                username: "locks",
@@ -101,11 +179,11 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
                pool_size: 4
              ) ==
                defaults(
-                 host: "pgbouncer",
-                 user: "locks",
+                 hostname: "pgbouncer",
+                 username: "locks",
                  password: "pw",
-                 dbname: "app",
-                 sslmode: "disable",
+                 database: "app",
+                 sslmode: :disable,
                  prefix: "locks",
                  pool_size: 4
                )
@@ -114,95 +192,97 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
     test "a library url replaces the repo's connection as a whole; the repo's prefix stays" do
       repo = FakeRepo.new(hostname: "db", username: "app", password: "pw", prefix: "kit")
 
-      assert Config.read(repo: repo, url: "postgres://locks@other/locks") ==
-               defaults(url: "postgres://locks@other/locks", prefix: "kit")
+      assert read!(repo: repo, url: "postgres://locks@other/locks") ==
+               defaults(hostname: "other", username: "locks", database: "locks", prefix: "kit")
     end
 
-    test "a repo without a location falls back to DATABASE_URL" do
+    test "a repo without a server falls back to DATABASE_URL below it" do
       repo = FakeRepo.new(username: "app", prefix: "kit")
 
-      assert Config.read(repo: repo) ==
-               defaults(
-                 url: System.get_env("DATABASE_URL"),
-                 user: "app",
-                 sslmode: "disable",
-                 prefix: "kit"
-               )
+      assert read!(repo: repo) ==
+               %{read!([]) | username: "app", sslmode: :disable, prefix: "kit"}
     end
 
     test "Postgrex's socket: names the directory and the port" do
-      repo = FakeRepo.new(socket: "/var/run/postgresql/.s.PGSQL.5433", database: "app")
+      repo =
+        FakeRepo.new(socket: "/var/run/postgresql/.s.PGSQL.5433", database: "app", username: "u")
 
-      assert Config.read(repo: repo) ==
+      assert read!(repo: repo) ==
                defaults(
                  socket_dir: "/var/run/postgresql",
                  port: 5433,
-                 dbname: "app",
-                 sslmode: "disable"
+                 username: "u",
+                 database: "app",
+                 sslmode: :disable
                )
     end
   end
 
   describe "TLS from the repo's ssl: and ssl_opts:" do
-    defp sslmode(config), do: Config.read(repo: FakeRepo.new([hostname: "db"] ++ config))
+    defp tls(config) do
+      %Config{sslmode: mode, ssl_ca_file: file} =
+        read!(repo: FakeRepo.new([hostname: "db", username: "u", database: "d"] ++ config))
+
+      {mode, file}
+    end
 
     test "off (Postgrex's default) is sslmode disable" do
-      assert %Config{sslmode: "disable", ssl_ca_file: nil} = sslmode([])
-      assert %Config{sslmode: "disable"} = sslmode(ssl: false)
+      assert tls([]) == {:disable, nil}
+      assert tls(ssl: false) == {:disable, nil}
     end
 
     test "on without verify_peer is require: encrypted, not verified" do
-      assert %Config{sslmode: "require", ssl_ca_file: nil} = sslmode(ssl: true)
+      assert tls(ssl: true) == {:require, nil}
 
-      assert %Config{sslmode: "require", ssl_ca_file: "/ca.pem"} =
-               sslmode(ssl: true, ssl_opts: [verify: :verify_none, cacertfile: "/ca.pem"])
+      assert tls(ssl: true, ssl_opts: [verify: :verify_none, cacertfile: "/ca.pem"]) ==
+               {:require, "/ca.pem"}
     end
 
-    test "verify_peer is verify-full with the cacertfile, in ssl_opts or in ssl itself" do
-      assert %Config{sslmode: "verify-full", ssl_ca_file: "/ca.pem"} =
-               sslmode(ssl: true, ssl_opts: [verify: :verify_peer, cacertfile: ~c"/ca.pem"])
+    test "verify_peer is verify_full with the cacertfile, in ssl_opts or in ssl itself" do
+      assert tls(ssl: true, ssl_opts: [verify: :verify_peer, cacertfile: ~c"/ca.pem"]) ==
+               {:verify_full, "/ca.pem"}
 
-      assert %Config{sslmode: "verify-full", ssl_ca_file: "/ca.pem"} =
-               sslmode(ssl: [verify: :verify_peer, cacertfile: "/ca.pem"])
+      assert tls(ssl: [verify: :verify_peer, cacertfile: "/ca.pem"]) == {:verify_full, "/ca.pem"}
     end
 
     test "the library's sslmode and ssl_ca_file override the repo's" do
-      assert %Config{sslmode: "verify-ca", ssl_ca_file: "/mine.pem"} =
-               Config.read(
-                 repo: FakeRepo.new(hostname: "db", ssl: true),
+      assert %Config{sslmode: :verify_ca, ssl_ca_file: "/mine.pem"} =
+               read!(
+                 repo: FakeRepo.new(hostname: "db", username: "u", database: "d", ssl: true),
                  sslmode: :verify_ca,
                  ssl_ca_file: "/mine.pem"
                )
     end
   end
 
-  describe "sslmode:" do
-    test "takes libpq's modes as atoms or strings" do
-      for {atom, string} <- [
+  describe "defaults" do
+    test "sslmode takes the atoms, or libpq's spelling" do
+      for {atom, libpq} <- [
             disable: "disable",
             prefer: "prefer",
             require: "require",
             verify_ca: "verify-ca",
             verify_full: "verify-full"
           ] do
-        assert Config.read(url: "postgres://h/db", sslmode: atom).sslmode == string
-        assert Config.read(url: "postgres://h/db", sslmode: string).sslmode == string
+        assert read!(url: "postgres://u@h/db", sslmode: atom).sslmode == atom
+        assert read!(url: "postgres://u@h/db", sslmode: libpq).sslmode == atom
+        assert read!(url: "postgres://u@h/db?sslmode=#{libpq}").sslmode == atom
       end
     end
-  end
 
-  describe "pool_size:" do
-    test "defaults to the VM's dirty-I/O schedulers, one connection for each" do
-      assert Config.read(url: "postgres://h/db").pool_size == @dirty_io
-      assert Config.read(url: "postgres://h/db", pool_size: 3).pool_size == 3
+    test "pool_size leaves two of the VM's dirty-I/O schedulers to the rest of the VM" do
+      dirty_io = :erlang.system_info(:dirty_io_schedulers)
+      assert Config.default_pool_size() == max(dirty_io - 2, 1)
+      assert read!(url: "postgres://u@h/db").pool_size == Config.default_pool_size()
+      assert read!(url: "postgres://u@h/db", pool_size: 3).pool_size == 3
     end
   end
 
   describe "a bad setting" do
-    test "raises ArgumentError naming it, never its value" do
+    test "raises Locks.Error :config naming it, never its value" do
       for {env, message} <- [
             {[urll: "x"],
-             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :port, :username, :password, :database, :socket_dir, :sslmode, :ssl_ca_file, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout"},
+             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare"},
             {[url: ~c"postgres://u:s3cr3t@h/db"], "invalid configuration: url: must be a string"},
             {[password: 123_456], "invalid configuration: password: must be a string"},
             {[url: "postgres://h/db", port: "5432"],
@@ -210,45 +290,117 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
             {[url: "postgres://h/db", pool_size: 0],
              "invalid configuration: pool_size: must be an integer from 1 to 1000"},
             {[url: "postgres://h/db", checkout_timeout: 2 ** 64],
-             "invalid configuration: checkout_timeout: must be an integer from 1 to 3600000"},
+             "invalid configuration: checkout_timeout: must be an integer from 1 to 3600000 (milliseconds)"},
             {[url: "postgres://h/db", sslmode: :verify],
              "invalid configuration: sslmode: must be one of :disable, :prefer, :require, :verify_ca, :verify_full"},
+            {[url: "postgres://h/db", prepare: true],
+             "invalid configuration: prepare: must be :named or :unnamed"},
+            {[url: "postgres://h/db", prefix: "a b"],
+             "invalid configuration: prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)"},
+            {[url: "postgres://h/db", socket_dir: "run/pg"],
+             "invalid configuration: socket_dir: must be an absolute directory"},
             {[repo: "MyApp.Repo"],
              "invalid configuration: repo: must be a module, e.g. MyApp.Repo"},
             {[repo: NoSuch.Repo],
              "invalid configuration: repo: NoSuch.Repo is not a module with config/0 (an Ecto repo)"},
             {[repo: FakeRepo.new(hostname: ~c"db")],
-             ~r/\Ainvalid configuration: repo: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:hostname\] must be a string\z/},
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:hostname\]: must be a string\z/},
             {[repo: FakeRepo.new(hostname: "db", ssl: :yes)],
-             ~r/\Ainvalid configuration: repo: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:ssl\] must be a boolean or a keyword list\z/}
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:ssl\]: must be a boolean or a keyword list\z/}
           ] do
-        error = assert_raise ArgumentError, fn -> Config.read(env) end
+        message_given = refused(env)
 
         if is_binary(message),
-          do: assert(error.message == message),
-          else: assert(error.message =~ message)
+          do: assert(message_given == message),
+          else: assert(message_given =~ message)
 
-        refute error.message =~ "s3cr3t"
-        refute error.message =~ "123456"
+        refute message_given =~ "s3cr3t"
+        refute message_given =~ "123456"
+      end
+    end
+
+    test "a url that cannot be used names the part, never the text" do
+      for {url, why} <- [
+            {" postgres://u:s3cr3t@h/db", "must be a postgres:// or postgresql:// URL"},
+            {"mysql://u:s3cr3t@h/db", "must be a postgres:// or postgresql:// URL"},
+            {"host=h user=u password=s3cr3t", "must be a postgres:// or postgresql:// URL"},
+            {"postgres://u:s3cr3t@h:port/db", "has a port that is not a number"},
+            {"postgres://u:s3cr3t@h:70000/db", "must be an integer from 1 to 65535"},
+            {"postgres://u:s3cr3t@a:1,b:2/db", "names several hosts; give one"},
+            {"postgres://u:s3cr3t%zz@h/db", "is not percent-encoded correctly"},
+            {"postgres://u:s3cr3t@h/db?options=-c%20x%3Dy",
+             "has an unsupported parameter \"options\""},
+            {"postgres://u:s3cr3t@h/db?sslmode=s3cr3t",
+             "must be one of :disable, :prefer, :require, :verify_ca, :verify_full"}
+          ] do
+        assert refused(url: url) == "invalid configuration: url: #{why}"
+        assert refused(repo: FakeRepo.new(url: url, keep_url: true)) =~ "config()[:url]: #{why}"
       end
     end
   end
 
-  describe "inspect/1" do
-    test "never shows the password, of the url or the setting" do
-      for url <- [
-            "postgres://locks:s3cr3t-pw@db/app",
-            "postgres://db/app?user=locks&password=s3cr3t-pw",
-            "host=db user=locks password='s3cr3t-pw' dbname=app",
-            "host=db password=s3cr3t-pw"
-          ] do
-        shown = inspect(Config.read(url: url, password: "s3cr3t-pw2"))
-        refute shown =~ "s3cr3t", shown
-        assert shown =~ "**redacted**"
-      end
+  describe "secrets" do
+    # Odd URLs, refused or accepted, each with a password found nowhere else:
+    # its parts percent-encoded or not, the scheme in any case, spaces and
+    # control characters around it, separators inside the password.
+    @password "S3cr3t-pw"
+    defp odd_urls do
+      specials = [
+        "",
+        "@",
+        ":",
+        "/",
+        "?",
+        "#",
+        "%",
+        "%40",
+        " ",
+        "'",
+        "\"",
+        "\\",
+        "&",
+        "=",
+        "[",
+        "é"
+      ]
 
-      assert inspect(Config.read(url: "postgres://locks:pw@db/app")) =~
-               ~s(url: "postgres://locks:**redacted**@db/app")
+      for scheme <- ["postgres", "POSTGRES", "PostgreSQL", "mysql", ""],
+          sep <- ["://", ":/", ":"],
+          special <- specials,
+          around <- ["", " ", "\n"] do
+        password = @password <> special <> @password
+        "#{around}#{scheme}#{sep}user:#{password}@db.example:5432/app?sslmode=require#{around}"
+      end
+    end
+
+    test "no refusal, inspect or exception of an odd url shows its password" do
+      urls = odd_urls()
+      assert length(urls) > 500
+
+      shown =
+        for url <- urls, env <- [[url: url], [repo: FakeRepo.new(url: url, keep_url: true)]] do
+          try do
+            case Config.read(env) do
+              {:ok, config} -> inspect(config)
+              :unconfigured -> ""
+            end
+          rescue
+            error in Error -> Exception.format(:error, error, __STACKTRACE__) <> inspect(error)
+          end
+        end
+
+      for text <- shown, do: refute(text =~ @password, text)
+      # Some of them are accepted, some refused: both are looked at.
+      assert Enum.any?(shown, &(&1 =~ "#PhoenixKitAgent.Turns.Locks.Config<"))
+      assert Enum.any?(shown, &(&1 =~ "invalid configuration: url"))
+    end
+
+    test "inspect of an accepted configuration shows every setting but the password" do
+      shown =
+        inspect(read!(url: "postgres://locks:#{@password}@db/app", password: @password <> "2"))
+
+      refute shown =~ @password
+      assert shown =~ ~s(username: "locks")
     end
   end
 end

@@ -83,7 +83,7 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
             {[url: url, port: 70_000],
              "invalid configuration: port: must be an integer from 1 to 65535"},
             {[url: url <> "?sslmode=verify-full"],
-             "invalid configuration: ssl_ca_file: required by sslmode verify-full: a PEM file of the CA certificates to trust (ssl_ca_file, or sslrootcert in the url)"},
+             "invalid configuration: ssl_ca_file: required by the verifying sslmodes: a PEM file of the CA certificates to trust"},
             {[url: url, sslmode: :verify_ca, ssl_ca_file: "/nonexistent/ca.pem"],
              "invalid configuration: ssl_ca_file: cannot be read: No such file or directory (os error 2)"}
           ] do
@@ -159,7 +159,8 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
   describe "TLS settings reach the connection" do
     # The shared test server has no TLS, so a mode that needs it fails every
     # call with tokio-postgres' own words; native/locks_core/tests/tls.rs
-    # connects to a server that has it.
+    # connects to a server that has it. (A call that fails to connect starts
+    # the back-off: the second call within it fails with the same words.)
     @no_tls "database connection failed: error performing TLS handshake: server does not support TLS"
 
     defp no_tls! do

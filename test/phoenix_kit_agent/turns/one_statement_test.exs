@@ -28,13 +28,13 @@ defmodule PhoenixKitAgent.Turns.OneStatementTest do
         "phoenix_kit_agent_user_settings TO #{role}"
     )
 
-    url = TestDB.url() |> URI.parse() |> Map.put(:userinfo, "#{role}:#{password}")
-    :ok = Native.start(%{Config.read() | url: URI.to_string(url)})
+    {:ok, config} = Config.read()
+    :ok = Native.start(%{config | username: role, password: password})
 
     on_exit(fn ->
       # Back to the configured pool; the role's connections close with the
       # old one, and a role with live sessions cannot be dropped.
-      :ok = Native.start(Config.read())
+      :ok = Native.start(config)
       wait_until_gone(role, 50)
       TestDB.query!("DROP OWNED BY #{role}; DROP ROLE #{role}")
     end)

@@ -24,7 +24,11 @@ defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
   end
 
   defp pg(dir, command),
-    do: System.cmd(Path.expand("scripts/pg"), [command], env: [{"LOCKS_PG_DIR", dir}], stderr_to_stdout: true)
+    do:
+      System.cmd(Path.expand("scripts/pg"), [command],
+        env: [{"LOCKS_PG_DIR", dir}],
+        stderr_to_stdout: true
+      )
 
   test "scripts/pg start runs a cluster for a directory under a mode-700 parent", %{dir: dir} do
     {out, status} = pg(dir, "start")

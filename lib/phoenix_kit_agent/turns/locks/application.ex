@@ -16,16 +16,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
   @impl true
   def start(_type, _args) do
-    options = Config.read()
+    case Config.read() do
+      {:ok, config} ->
+        start_pool!(config)
 
-    if Config.configured?(options) do
-      start_pool!(options)
-    else
-      Logger.warning(
-        "phoenix_kit_agent_locks: no database configured (config :phoenix_kit_agent_locks, " <>
-          "repo: … or url: …) and DATABASE_URL is unset; lock calls will raise until the " <>
-          "application is restarted with one"
-      )
+      :unconfigured ->
+        Logger.warning(
+          "phoenix_kit_agent_locks: no database configured (config :phoenix_kit_agent_locks, " <>
+            "repo: … or url: …) and DATABASE_URL is unset; lock calls will raise until the " <>
+            "application is restarted with one"
+        )
     end
 
     Supervisor.start_link([], strategy: :one_for_one, name: __MODULE__.Supervisor)
@@ -39,8 +39,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
   # A NIF that raises puts its arguments in the stacktrace, and these hold
   # the password: raise the same exception again from here, without them.
-  defp start_pool!(options) do
-    Native.start(options)
+  defp start_pool!(config) do
+    Native.start(config)
   rescue
     error in [Error, ArgumentError] -> raise error
   end

@@ -1,260 +1,401 @@
 defmodule PhoenixKitAgent.Turns.Locks.Config do
   @moduledoc false
-  # Reads `config :phoenix_kit_agent_locks, …` once, when the application
-  # starts, and hands the native side a struct with every key (nil = default).
+  # The one configuration pipeline. When the application starts, every source
+  # is resolved into one struct of checked values, one field per setting,
+  # which the NIF decodes as it is (rustler's NifStruct):
   #
-  # Where to connect comes from, in order:
+  #   1. the library's own `url:` (parsed here, the way Ecto parses a repo's),
+  #      or else the host's repo (`repo: MyApp.Repo`, what its `config/0` says);
+  #   2. the library's own discrete settings (`hostname:`, `username:`, …),
+  #      each replacing that part;
+  #   3. below both, when they name no server, `DATABASE_URL`.
   #
-  #   1. the library's own settings (`url:`, or `hostname:`/`socket_dir:`…);
-  #   2. the host's repo (`repo: MyApp.Repo`): what `MyApp.Repo.config()`
-  #      says, as Ecto and Postgrex understand it;
-  #   3. the `DATABASE_URL` environment variable.
-  #
-  # A library `url:` replaces the repo's location and credentials as a whole;
-  # a discrete library setting (`username:`, `hostname:`, …) replaces only that
-  # part of the repo's or of the URL's. Types and ranges are checked here,
-  # the rest (a URL, an sslmode string, the prefix, the CA file) by the native
-  # side; both name the setting and never show a value.
+  # Every default, range and name lives here and nowhere else. A bad setting
+  # raises PhoenixKitAgent.Turns.Locks.Error with reason :config and a message
+  # that names the setting and never shows a URL or a password; `inspect/1`
+  # never shows the password either (the struct keeps no URL).
 
-  # The settings that say where and as whom to connect.
+  alias PhoenixKitAgent.Turns.Locks.Error
+
+  @app :phoenix_kit_agent_locks
+
+  # Where and as whom to connect: a URL's parts, a repo's, or the library's own.
   @connection [
-    :url,
     :hostname,
+    :socket_dir,
     :port,
     :username,
     :password,
     :database,
-    :socket_dir,
-    :sslmode,
-    :ssl_ca_file
-  ]
-
-  @settings [:repo] ++
-              @connection ++
-              [:prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout]
-
-  # Ranges as native/locks_core/src/config.rs checks them, with its wording:
-  # checked here too so that an integer too large for the native side is
-  # refused naming the setting, instead of failing to decode.
-  @ranges %{
-    port: 1..65_535,
-    pool_size: 1..1_000,
-    connect_timeout: 1..3_600_000,
-    checkout_timeout: 1..3_600_000,
-    statement_timeout: 1..3_600_000
-  }
-
-  @sslmodes %{
-    disable: "disable",
-    prefer: "prefer",
-    require: "require",
-    verify_ca: "verify-ca",
-    verify_full: "verify-full"
-  }
-
-  # What `Native.start/1` takes; a struct so that `inspect/1` (a crash
-  # report, a log line) never shows the password.
-  defstruct [
-    :url,
-    :host,
-    :port,
-    :user,
-    :password,
-    :dbname,
-    :socket_dir,
     :sslmode,
     :ssl_ca_file,
+    :application_name
+  ]
+
+  @settings [:repo, :url] ++
+              @connection ++
+              [
+                :prefix,
+                :pool_size,
+                :connect_timeout,
+                :checkout_timeout,
+                :statement_timeout,
+                :prepare
+              ]
+
+  @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
+  @default_timeout 5_000
+  @max_timeout 3_600_000
+  @max_pool_size 1_000
+  @default_port 5432
+  @sslmodes [:disable, :prefer, :require, :verify_ca, :verify_full]
+  @prepares [:named, :unnamed]
+
+  @derive {Inspect, except: [:password]}
+  @enforce_keys [:port, :username, :database, :sslmode, :application_name, :pool_size, :prepare] ++
+                  @timeouts
+  defstruct [
+    :hostname,
+    :socket_dir,
+    :port,
+    :username,
+    :password,
+    :database,
+    :sslmode,
+    :ssl_ca_file,
+    :application_name,
     :prefix,
     :pool_size,
     :connect_timeout,
     :checkout_timeout,
-    :statement_timeout
+    :statement_timeout,
+    :prepare
   ]
 
   @type t :: %__MODULE__{}
 
   @doc """
-  The options for `Native.start/1`, from the application environment (or
-  `env`). Raises `ArgumentError` naming the first bad setting.
+  The settings from the application environment (or `env`): `{:ok, config}`,
+  or `:unconfigured` when no source names a server. Raises
+  `PhoenixKitAgent.Turns.Locks.Error` (`:config`) naming the first bad setting.
   """
-  @spec read(keyword()) :: t()
-  def read(env \\ Application.get_all_env(:phoenix_kit_agent_locks)) do
-    env = validate!(env)
-    repo = repo_settings(env[:repo])
-    own = Keyword.take(env, @connection)
+  @spec read(keyword()) :: {:ok, t()} | :unconfigured
+  def read(env \\ Application.get_all_env(@app)) do
+    own = own_settings!(env)
+    repo = if own[:repo], do: repo_settings!(own[:repo]), else: []
 
-    connection =
+    layers =
       cond do
-        Keyword.has_key?(own, :url) -> own
-        repo != [] -> merge_location(repo, own)
-        true -> own
+        own[:url] -> [parse_url!(own[:url], "url")]
+        own[:repo] -> [repo]
+        true -> []
       end
 
-    connection =
-      if located?(connection),
-        do: connection,
-        else: Keyword.put(connection, :url, System.get_env("DATABASE_URL"))
+    connection = Enum.reduce(layers ++ [Keyword.take(own, @connection)], [], &over/2)
 
+    connection =
+      case System.get_env("DATABASE_URL") do
+        url when is_binary(url) and url != "" ->
+          if located?(connection),
+            do: connection,
+            else: over(connection, parse_url!(url, "DATABASE_URL"))
+
+        _ ->
+          connection
+      end
+
+    if located?(connection), do: {:ok, build!(connection, own, repo)}, else: :unconfigured
+  end
+
+  @doc "The pool size when none is set: two of the VM's dirty-I/O schedulers stay free."
+  @spec default_pool_size() :: pos_integer()
+  def default_pool_size, do: max(:erlang.system_info(:dirty_io_schedulers) - 2, 1)
+
+  # `top` over `base`: a host or socket directory in `top` replaces both of `base`'s.
+  defp over(top, base) do
+    base =
+      if Keyword.has_key?(top, :hostname) or Keyword.has_key?(top, :socket_dir),
+        do: Keyword.drop(base, [:hostname, :socket_dir]),
+        else: base
+
+    Keyword.merge(base, top)
+  end
+
+  defp located?(connection), do: connection[:hostname] != nil or connection[:socket_dir] != nil
+
+  # The repo's prefix and prepare count even when a url replaces its server.
+  defp build!(connection, own, repo) do
     %__MODULE__{
-      url: connection[:url],
-      host: connection[:hostname],
-      port: connection[:port],
-      user: connection[:username],
-      password: connection[:password],
-      dbname: connection[:database],
+      hostname: connection[:hostname],
       socket_dir: connection[:socket_dir],
-      sslmode: connection[:sslmode],
+      port: Keyword.get(connection, :port, @default_port),
+      username:
+        connection[:username] || System.get_env("PGUSER") || System.get_env("USER") ||
+          bad!(:username, "missing: no user in the url, the repo or the settings"),
+      password: connection[:password],
+      database:
+        connection[:database] ||
+          bad!(:database, "missing: no database in the url, the repo or the settings"),
+      sslmode: Keyword.get(connection, :sslmode, :prefer),
       ssl_ca_file: connection[:ssl_ca_file],
-      prefix: Keyword.get(env, :prefix, repo[:prefix]),
-      pool_size: Keyword.get(env, :pool_size, default_pool_size()),
-      connect_timeout: env[:connect_timeout],
-      checkout_timeout: env[:checkout_timeout],
-      statement_timeout: env[:statement_timeout]
+      application_name: Keyword.get(connection, :application_name, "phoenix_kit_agent_locks"),
+      prefix: Keyword.get(own, :prefix, repo[:prefix]),
+      pool_size: Keyword.get(own, :pool_size, default_pool_size()),
+      connect_timeout: Keyword.get(own, :connect_timeout, @default_timeout),
+      checkout_timeout: Keyword.get(own, :checkout_timeout, @default_timeout),
+      statement_timeout: Keyword.get(own, :statement_timeout, @default_timeout),
+      prepare: own[:prepare] || connection[:prepare] || repo[:prepare] || :named
     }
   end
 
-  @doc "Whether `options` (from `read/1`) say where the database is."
-  @spec configured?(t()) :: boolean()
-  def configured?(options),
-    do: options.url != nil or options.host != nil or options.socket_dir != nil
+  ## Checks, one per setting, whatever its source
 
-  # One connection per dirty-I/O scheduler: every lock call runs on one, so
-  # more connections could never be used at once, and fewer would make calls
-  # wait for a connection while schedulers are free.
-  defp default_pool_size, do: :erlang.system_info(:dirty_io_schedulers)
-
-  defp located?(connection),
-    do: Enum.any?([:url, :hostname, :socket_dir], &(connection[&1] != nil))
-
-  # The library's own hostname or socket_dir replaces the repo's location.
-  defp merge_location(repo, own) do
-    repo =
-      if Keyword.has_key?(own, :hostname) or Keyword.has_key?(own, :socket_dir),
-        do: Keyword.drop(repo, [:hostname, :socket_dir]),
-        else: repo
-
-    Keyword.merge(repo, own)
-  end
-
-  ## The library's own settings
-
-  defp validate!(env) do
+  defp own_settings!(env) do
     unless Keyword.keyword?(env),
-      do: raise(ArgumentError, "invalid configuration: expected a keyword list of settings")
+      do:
+        raise(Error,
+          reason: :config,
+          message: "invalid configuration: expected a keyword list of settings"
+        )
 
     case Keyword.keys(env) -- @settings do
       [] ->
-        :ok
+        for {key, value} <- env, value != nil, do: {key, check!(key, value, key)}
 
       unknown ->
-        raise ArgumentError,
-              "invalid configuration: unknown setting#{if length(unknown) > 1, do: "s"} " <>
-                "#{Enum.map_join(unknown, ", ", &inspect/1)}; the settings are " <>
-                Enum.map_join(@settings, ", ", &inspect/1)
+        raise Error,
+          reason: :config,
+          message:
+            "invalid configuration: unknown setting#{if length(unknown) > 1, do: "s"} " <>
+              "#{Enum.map_join(unknown, ", ", &inspect/1)}; the settings are " <>
+              Enum.map_join(@settings, ", ", &inspect/1)
     end
-
-    env
-    |> Enum.reject(fn {_key, value} -> value == nil end)
-    |> Enum.map(fn {key, value} -> {key, check!(key, value)} end)
   end
 
-  defp check!(:repo, repo) when is_atom(repo), do: repo
-  defp check!(:repo, _), do: bad!(:repo, "must be a module, e.g. MyApp.Repo")
+  # `name` is what an error calls the setting: the key itself, or where it
+  # came from (`url`, `DATABASE_URL`, `MyApp.Repo.config()[:port]`).
+  @doc false
+  def check!(key, value, name)
 
-  defp check!(:sslmode, mode) when is_map_key(@sslmodes, mode), do: @sslmodes[mode]
-  defp check!(:sslmode, mode) when is_binary(mode), do: mode
+  def check!(:repo, repo, _name) when is_atom(repo), do: repo
+  def check!(:repo, _, name), do: bad!(name, "must be a module, e.g. MyApp.Repo")
 
-  defp check!(:sslmode, _),
-    do: bad!(:sslmode, "must be one of :disable, :prefer, :require, :verify_ca, :verify_full")
+  def check!(:port, port, _name) when port in 1..65_535, do: port
+  def check!(:port, _, name), do: bad!(name, "must be an integer from 1 to 65535")
 
-  defp check!(key, value) when is_map_key(@ranges, key) do
-    range = @ranges[key]
+  def check!(:pool_size, size, _name) when size in 1..@max_pool_size, do: size
 
-    if is_integer(value) and value in range,
+  def check!(:pool_size, _, name),
+    do: bad!(name, "must be an integer from 1 to #{@max_pool_size}")
+
+  def check!(key, ms, _name) when key in @timeouts and ms in 1..@max_timeout, do: ms
+
+  def check!(key, _, name) when key in @timeouts,
+    do: bad!(name, "must be an integer from 1 to #{@max_timeout} (milliseconds)")
+
+  def check!(:sslmode, mode, _name) when mode in @sslmodes, do: mode
+
+  # libpq's spelling, as a URL's sslmode= has it.
+  def check!(:sslmode, mode, name) when is_binary(mode) do
+    case Enum.find(@sslmodes, &(Atom.to_string(&1) == String.replace(mode, "-", "_"))) do
+      nil -> check!(:sslmode, nil, name)
+      mode -> mode
+    end
+  end
+
+  def check!(:sslmode, _, name),
+    do: bad!(name, "must be one of #{Enum.map_join(@sslmodes, ", ", &inspect/1)}")
+
+  def check!(:prepare, prepare, _name) when prepare in @prepares, do: prepare
+  def check!(:prepare, _, name), do: bad!(name, "must be :named or :unnamed")
+
+  def check!(:socket_dir, "/" <> _ = dir, _name), do: dir
+  def check!(:socket_dir, _, name), do: bad!(name, "must be an absolute directory")
+
+  def check!(:prefix, prefix, name) do
+    if prefix?(prefix), do: prefix, else: bad!(name, prefix_rule())
+  end
+
+  def check!(key, value, name) when key in [:url, :password], do: text!(value, name)
+
+  def check!(key, value, name)
+      when key in [:hostname, :username, :database, :ssl_ca_file, :application_name] do
+    if text!(value, name) == "", do: bad!(name, "must not be empty"), else: value
+  end
+
+  defp text!(value, name) do
+    if is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>),
       do: value,
-      else: bad!(key, "must be an integer from #{range.first} to #{range.last}")
+      else: bad!(name, "must be a string")
   end
 
-  defp check!(key, value) do
-    if is_binary(value), do: value, else: bad!(key, "must be a string")
+  @doc false
+  # What a schema prefix must be, for settings and function arguments alike.
+  def prefix?(prefix),
+    do: is_binary(prefix) and prefix =~ ~r/\A[A-Za-z_][A-Za-z0-9_$]{0,62}\z/
+
+  @doc false
+  def prefix_rule,
+    do: "must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)"
+
+  defp bad!(name, reason),
+    do: raise(Error, reason: :config, message: "invalid configuration: #{name}: #{reason}")
+
+  ## URLs, parsed as Ecto parses a repo's
+
+  @url_parameters %{
+    "sslmode" => :sslmode,
+    "sslrootcert" => :ssl_ca_file,
+    "host" => :hostname,
+    "port" => :port,
+    "user" => :username,
+    "password" => :password,
+    "dbname" => :database,
+    "application_name" => :application_name,
+    "prepare" => :prepare
+  }
+
+  # `postgres://user:password@host:port/database?sslmode=…&sslrootcert=…`
+  # (or `postgresql://`); percent-encoded parts are decoded. A host (or a
+  # host= parameter) that is a path is a socket directory. Errors name the
+  # source and the part, never the text.
+  @doc false
+  def parse_url!(url, name) do
+    uri = URI.parse(text!(url, name))
+
+    unless uri.scheme in ["postgres", "postgresql"] and is_binary(uri.authority),
+      do: bad!(name, "must be a postgres:// or postgresql:// URL")
+
+    {userinfo, hostport} =
+      case String.split(uri.authority, "@") do
+        [hostport] -> {nil, hostport}
+        parts -> {parts |> Enum.drop(-1) |> Enum.join("@"), List.last(parts)}
+      end
+
+    if String.contains?(hostport, ","), do: bad!(name, "names several hosts; give one")
+
+    if uri.port == nil and String.contains?(String.replace(hostport, ~r/\A\[[^\]]*\]/, ""), ":"),
+      do: bad!(name, "has a port that is not a number")
+
+    {username, password} =
+      case userinfo && String.split(userinfo, ":", parts: 2) do
+        nil -> {nil, nil}
+        [user] -> {decode!(user, name), nil}
+        [user, password] -> {decode!(user, name), decode!(password, name)}
+      end
+
+    parameters =
+      (uri.query || "")
+      |> query!(name)
+      |> Enum.map(fn {key, value} ->
+        case @url_parameters do
+          %{^key => setting} -> {setting, value}
+          _ -> bad!(name, "has an unsupported parameter #{inspect(key)}")
+        end
+      end)
+
+    [
+      hostname: uri.host && uri.host != "" && decode!(uri.host, name),
+      port: uri.port,
+      username: username,
+      password: password,
+      database:
+        uri.path not in [nil, "", "/"] && decode!(String.trim_leading(uri.path, "/"), name)
+    ]
+    |> Keyword.merge(parameters)
+    |> Enum.reject(fn {_key, value} -> value in [nil, false, ""] end)
+    |> Enum.map(fn
+      {:hostname, "/" <> _ = dir} -> {:socket_dir, dir}
+      {:port, port} when is_binary(port) -> {:port, check!(:port, integer(port), name)}
+      {:prepare, prepare} -> {:prepare, check!(:prepare, atom(prepare, @prepares), name)}
+      {key, value} -> {key, check!(key, value, name)}
+    end)
   end
 
-  defp bad!(key, reason), do: raise(ArgumentError, "invalid configuration: #{key}: #{reason}")
+  defp query!(query, name) do
+    if query =~ ~r/%(?![0-9A-Fa-f]{2})/,
+      do: bad!(name, "is not percent-encoded correctly"),
+      else: query |> URI.query_decoder() |> Enum.to_list()
+  end
+
+  defp decode!(part, name) do
+    if part =~ ~r/%(?![0-9A-Fa-f]{2})/,
+      do: bad!(name, "is not percent-encoded correctly"),
+      else: URI.decode(part)
+  end
+
+  defp integer(text) do
+    case Integer.parse(text) do
+      {n, ""} -> n
+      _ -> nil
+    end
+  end
+
+  defp atom(text, atoms), do: Enum.find(atoms, &(Atom.to_string(&1) == text))
 
   ## The host's repo
 
-  # What `repo.config()` says, in the library's terms. Ecto has already
-  # turned a repo's `url:` into discrete settings; a repo that returns `url:`
-  # itself is taken as it is.
-  defp repo_settings(nil), do: []
+  # What `repo.config()` says, in the library's terms, checked with the same
+  # rules (an error names the repo's key). Ecto has already split a repo's
+  # url: into these; a repo that returns url: itself has it parsed here.
+  defp repo_settings!(repo) do
+    name = inspect(repo)
 
-  defp repo_settings(repo) do
     unless Code.ensure_loaded?(repo) and function_exported?(repo, :config, 0),
-      do: bad!(:repo, "#{inspect(repo)} is not a module with config/0 (an Ecto repo)")
+      do: bad!(:repo, "#{name} is not a module with config/0 (an Ecto repo)")
 
     config = repo.config()
 
     unless Keyword.keyword?(config),
-      do: bad!(:repo, "#{inspect(repo)}.config() must return a keyword list")
+      do: bad!(:repo, "#{name}.config() must return a keyword list")
 
-    check = fn key, value, reason_if_bad ->
-      if value == nil or reason_if_bad == nil,
-        do: value,
-        else: bad!(:repo, "#{inspect(repo)}.config()[:#{key}] #{reason_if_bad}")
-    end
+    from_url = if config[:url], do: parse_url!(config[:url], "#{name}.config()[:url]"), else: []
 
-    text = fn key ->
-      value = config[key]
-      check.(key, value, if(not is_binary(value), do: "must be a string"))
-    end
+    settings =
+      Enum.flat_map(
+        [:hostname, :port, :username, :password, :database, :socket_dir, :prefix, :prepare],
+        fn key ->
+          case config[key] do
+            nil -> []
+            value -> [{key, check!(key, value, "#{name}.config()[#{inspect(key)}]")}]
+          end
+        end
+      )
 
-    {socket_dir, socket_port} = socket(config, check)
-    port = config[:port] || socket_port
-
-    port = check.(:port, port, if(not is_integer(port), do: "must be an integer from 1 to 65535"))
-    {sslmode, ca_file} = ssl(config, repo)
-
-    [
-      url: text.(:url),
-      hostname: text.(:hostname),
-      port: port,
-      username: text.(:username),
-      password: text.(:password),
-      database: text.(:database),
-      socket_dir: text.(:socket_dir) || socket_dir,
-      sslmode: sslmode,
-      ssl_ca_file: ca_file,
-      prefix: text.(:prefix)
-    ]
-    |> Enum.reject(fn {_key, value} -> value == nil end)
+    from_url
+    |> over_kw(socket(config, name))
+    |> over_kw(settings)
+    |> over_kw(ssl(config, name))
   end
 
+  defp over_kw(base, top), do: over(top, base)
+
   # Postgrex's `socket: "/run/postgresql/.s.PGSQL.5432"` names the socket
-  # file: its directory and the port in its name.
-  defp socket(config, check) do
+  # file: its directory, and the port in its name.
+  defp socket(config, name) do
     case config[:socket] do
       nil ->
-        {nil, nil}
+        []
 
       path when is_binary(path) ->
         port =
           case Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path) do
-            [_, port] -> String.to_integer(port)
-            nil -> nil
+            [_, port] -> [port: String.to_integer(port)]
+            nil -> []
           end
 
-        {Path.dirname(path), port}
+        [socket_dir: check!(:socket_dir, Path.dirname(path), "#{name}.config()[:socket]")] ++ port
 
-      other ->
-        {check.(:socket, other, "must be a string"), nil}
+      _ ->
+        bad!("#{name}.config()[:socket]", "must be a string")
     end
   end
 
   # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: no TLS when off (Postgrex's
-  # default), `verify-full` when the options ask to verify the peer (Erlang's
-  # :ssl then checks the host name too), `require` otherwise. A repo that
-  # only gives a URL keeps the URL's sslmode.
-  defp ssl(config, repo) do
+  # default), verify_full when the options ask to verify the peer (Erlang's
+  # :ssl then checks the host name too), require otherwise. A repo that gives
+  # a url keeps the url's sslmode.
+  defp ssl(config, name) do
     ssl_opts =
       case {config[:ssl], config[:ssl_opts]} do
         {opts, _} when is_list(opts) -> opts
@@ -264,45 +405,22 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
     case config[:ssl] do
       off when off in [nil, false] ->
-        if Keyword.has_key?(config, :url), do: {nil, nil}, else: {"disable", nil}
+        if config[:url], do: [], else: [sslmode: :disable]
 
       on when on == true or is_list(on) ->
         ca_file =
           case Keyword.get(ssl_opts, :cacertfile) do
-            file when is_binary(file) or file == nil -> file
-            file when is_list(file) -> List.to_string(file)
-            _ -> bad!(:repo, "#{inspect(repo)}.config() ssl cacertfile must be a path")
+            nil -> []
+            file when is_binary(file) -> [ssl_ca_file: file]
+            file when is_list(file) -> [ssl_ca_file: List.to_string(file)]
+            _ -> bad!("#{name}.config()[:ssl_opts][:cacertfile]", "must be a path")
           end
 
-        mode = if ssl_opts[:verify] == :verify_peer, do: "verify-full", else: "require"
-        {mode, ca_file}
+        mode = if ssl_opts[:verify] == :verify_peer, do: :verify_full, else: :require
+        [sslmode: mode] ++ ca_file
 
       _ ->
-        bad!(:repo, "#{inspect(repo)}.config()[:ssl] must be a boolean or a keyword list")
+        bad!("#{name}.config()[:ssl]", "must be a boolean or a keyword list")
     end
-  end
-end
-
-defimpl Inspect, for: PhoenixKitAgent.Turns.Locks.Config do
-  # The password is shown as `"**redacted**"`, in the URL too (after the user
-  # name, as a `password=` parameter, or in a key=value string).
-  import Inspect.Algebra
-
-  def inspect(config, opts) do
-    shown =
-      config
-      |> Map.from_struct()
-      |> Map.update!(:password, &(&1 && "**redacted**"))
-      |> Map.update!(:url, &(&1 && redact(&1)))
-      |> Enum.sort()
-
-    concat(["#PhoenixKitAgent.Turns.Locks.Config<", to_doc(shown, opts), ">"])
-  end
-
-  defp redact(url) do
-    url
-    |> String.replace(~r{\A(postgres(?:ql)?://[^:@]*:)[^@]*@}, "\\1**redacted**@")
-    |> String.replace(~r{([?&]password=)[^&]*}, "\\1**redacted**")
-    |> String.replace(~r{(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]+)}, "\\1**redacted**")
   end
 end

@@ -4,16 +4,24 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
   timeout passed, PostgreSQL refused the statement, or the library is not
   started. A busy lock is never an error: it is `{:error, reason}`.
 
-  Match on `:reason`:
+  Match on `:reason`. Each says how far the call got, which is what a
+  caller needs to recover (the README's "Errors" has a table of what to do):
 
-    * `:connect` — no connection could be opened, or it broke mid-call;
-    * `:timeout` — the whole call took longer than the sum of
-      `:checkout_timeout`, `:connect_timeout` and `:statement_timeout`;
-    * `:pool_timeout` — every pooled connection stayed busy for `:checkout_timeout`;
-    * `:statement` — PostgreSQL refused the statement; `:sqlstate` says why
-      (`"57014"`: `:statement_timeout` passed; `"42P01"`: the tables are missing);
-    * `:config` — a setting is unusable (the message names it);
-    * `:not_started` — the application is not running, or has no `:url`;
+    * `:connect` — no connection could be opened; nothing was sent;
+    * `:pool_timeout` — every connection stayed busy for `:checkout_timeout`;
+      nothing was sent;
+    * `:timeout` — the database did not answer within the call's time (the
+      sum of `:checkout_timeout`, `:connect_timeout` and
+      `:statement_timeout`); the statement **may have run**. Its connection
+      was closed and the statement cancelled;
+    * `:disconnected` — the connection was lost while the statement was in
+      flight (a server shutdown, `pg_terminate_backend`, a broken path); the
+      statement **may have run**;
+    * `:statement` — PostgreSQL refused the statement, which changed nothing;
+      `:sqlstate` says why (`"42P01"`: the tables are missing);
+    * `:config` — a setting, or the tables it points at, cannot be used (the
+      message names it and the fix);
+    * `:not_started` — the application is not running, or names no database;
     * `:nif_not_loaded` — the native library did not load.
 
   The message names the cause and never contains the database password.
@@ -24,8 +32,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
   @type t :: %__MODULE__{
           reason:
             :connect
-            | :timeout
             | :pool_timeout
+            | :timeout
+            | :disconnected
             | :statement
             | :config
             | :not_started

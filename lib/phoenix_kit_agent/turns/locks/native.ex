@@ -14,7 +14,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
 
     case :erlang.load_nif(path, 0) do
       :ok ->
-        :ok
+        keep_click_prefix()
 
       {:error, {:upgrade, _}} ->
         # This module is being loaded again in a running VM (`recompile`,
@@ -33,7 +33,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
         :code.purge(__MODULE__)
 
         case :erlang.load_nif(path, 0) do
-          :ok -> :ok
+          :ok -> keep_click_prefix()
           {:error, {:upgrade, _}} -> {:error, :running_version_keeps_the_nif}
           {:error, {reason, text}} -> record(reason, text)
         end
@@ -41,6 +41,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
       {:error, {reason, text}} ->
         record(reason, text)
     end
+  end
+
+  # The prefix of a click's ref is the native side's; PhoenixKitAgent.Turns.Locks
+  # reads it on every call, so it is kept where that costs nothing.
+  defp keep_click_prefix do
+    :persistent_term.put({__MODULE__, :click_prefix}, click_prefix())
   end
 
   # Loading must not fail the module: during the first `mix compile` the
@@ -51,43 +57,32 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   end
 
   # Pool
-  def start(_options), do: not_loaded()
+  def start(_config), do: not_loaded()
   def stop, do: not_loaded()
   def loaded, do: false
+  def click_prefix, do: not_loaded()
 
-  # Locks
-  #
-  # Each lock call is stamped with the OS clock right before it enters the NIF,
-  # where it may queue for a free dirty-I/O scheduler: the native side counts
-  # that wait against the call's timeout (locks_core's global::call). The
-  # arities without the stamp are the ones to call.
-  def acquire(c, u, t, ttl), do: acquire(c, u, t, ttl, now())
-  def acquire_user(u, r, ttl, hold), do: acquire_user(u, r, ttl, hold, now())
-  def fresh(c, t, ttl), do: fresh(c, t, ttl, now())
-  def held(c, u, t), do: held(c, u, t, now())
-  def keep_user(u, r, ttl, hold), do: keep_user(u, r, ttl, hold, now())
-  def release(c, u, t), do: release(c, u, t, now())
-  def release_stale(c, u, t, ttl), do: release_stale(c, u, t, ttl, now())
-  def release_user(u, r), do: release_user(u, r, now())
+  # Turns: at most pool_size lock calls run at once (native/locks_nif/src/call.rs)
+  def admit(_start), do: not_loaded()
+  def leave(_ticket), do: not_loaded()
 
-  def acquire(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s, _queued_at), do: not_loaded()
-  def acquire_user(_user_uuid, _ref, _ttl_s, _hold_s, _queued_at), do: not_loaded()
-  def fresh(_conversation_uuid, _turn_ref, _ttl_s, _queued_at), do: not_loaded()
-  def held(_conversation_uuid, _user_uuid, _turn_ref, _queued_at), do: not_loaded()
-  def keep_user(_user_uuid, _ref, _ttl_s, _hold_s, _queued_at), do: not_loaded()
-  def release(_conversation_uuid, _user_uuid, _turn_ref, _queued_at), do: not_loaded()
+  # Locks: the turn's token and the caller's stamp, then the arguments of
+  # the PhoenixKitAgent.Turns.Locks function (uuids as their 16 bytes).
+  def acquire(_token, _start, _conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
+  def acquire_user(_token, _start, _user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
+  def fresh(_token, _start, _conversation_uuid, _turn_ref, _ttl_s), do: not_loaded()
+  def held(_token, _start, _conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
+  def keep_user(_token, _start, _user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
+  def release(_token, _start, _conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
 
-  def release_stale(_conversation_uuid, _user_uuid, _turn_ref, _ttl_s, _queued_at),
+  def release_stale(_token, _start, _conversation_uuid, _user_uuid, _turn_ref, _ttl_s),
     do: not_loaded()
 
-  def release_user(_user_uuid, _ref, _queued_at), do: not_loaded()
-
-  defp now, do: System.os_time(:microsecond)
+  def release_user(_token, _start, _user_uuid, _ref), do: not_loaded()
 
   # Schema
   def ddl(_kind, _prefix), do: not_loaded()
   def setup(_kind), do: not_loaded()
-  def statements, do: not_loaded()
 
   defp not_loaded do
     why = :persistent_term.get({__MODULE__, :load_error}, "not loaded")

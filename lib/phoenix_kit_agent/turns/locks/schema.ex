@@ -15,7 +15,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   locks.setup` does).
   """
 
-  alias PhoenixKitAgent.Turns.Locks.Native
+  alias PhoenixKitAgent.Turns.Locks.{Config, Native}
 
   @type kind :: :tables | :lock_columns
 
@@ -29,9 +29,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   """
   @spec sql(kind(), String.t() | nil) :: String.t()
   def sql(kind \\ :tables, prefix \\ nil) when kind in [:tables, :lock_columns] do
-    if prefix != nil and not is_binary(prefix),
-      do:
-        raise(ArgumentError, "invalid prefix: expected a string or nil, got: #{inspect(prefix)}")
+    unless prefix == nil or Config.prefix?(prefix),
+      do: raise(ArgumentError, "invalid prefix: #{Config.prefix_rule()}, got: #{inspect(prefix)}")
 
     Native.ddl(kind, prefix)
   end

@@ -4,7 +4,7 @@
 # `timestamptz` schema: written and compared as UTC.
 #
 # Each module below restarts the application on its own schema (config
-# `:prefix`) with a URL whose connections start in Asia/Tokyo (UTC+9), so a
+# `:prefix`) as a role whose sessions start in Asia/Tokyo (UTC+9), so a
 # lock call that relied on the session's TimeZone would store a wall-clock
 # time nine hours off. They are not async: while they run, every lock call of
 # the VM goes to their schema; on_exit puts the configuration back.
@@ -34,9 +34,18 @@ for {suffix, column, whole_seconds?} <- [
         updated_at #{@column} NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'));
       """)
 
+      sql!("""
+      DO $$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locks_tokyo') THEN
+          CREATE ROLE locks_tokyo LOGIN SUPERUSER PASSWORD 'locks-test-pw';
+        END IF;
+      END $$;
+      ALTER ROLE locks_tokyo SET timezone = 'Asia/Tokyo';
+      """)
+
       saved = Application.get_all_env(@app)
-      separator = if String.contains?(TestDB.url(), "?"), do: "&", else: "?"
-      tokyo = TestDB.url() <> separator <> "options=-c%20TimeZone%3DAsia%2FTokyo"
+      tokyo = TestDB.url() |> URI.parse() |> Map.put(:userinfo, "locks_tokyo:locks-test-pw")
+      tokyo = URI.to_string(tokyo)
 
       restart!(url: tokyo, prefix: @schema)
 

@@ -190,14 +190,10 @@ defmodule PhoenixKitAgent.Turns.Robustness.BadInputTest do
         assert_raise ArgumentError, fn -> Native.ddl(kind, nil) end
       end
 
-      for prefix <- ["'; DROP TABLE x; --", "a b", "a\"b", "", String.duplicate("a", 64), "é"] do
-        assert_raise PhoenixKitAgent.Turns.Locks.Error, ~r/invalid configuration: prefix/, fn ->
-          PhoenixKitAgent.Turns.Locks.Schema.sql(:tables, prefix)
-        end
-      end
-
-      for prefix <- [1, :x, ~c"x"] do
-        assert_raise ArgumentError, fn ->
+      for prefix <-
+            ["'; DROP TABLE x; --", "a b", "a\"b", "", String.duplicate("a", 64), "é"] ++
+              [1, :x, ~c"x"] do
+        assert_raise ArgumentError, ~r/\Ainvalid prefix: /, fn ->
           PhoenixKitAgent.Turns.Locks.Schema.sql(:tables, prefix)
         end
       end

@@ -111,7 +111,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.SecretsTest do
     end
 
     test "inspect of the configuration omits the password" do
-      options = Config.read(url: url_with(real_host_port()), pool_size: 3)
+      {:ok, options} = Config.read(url: url_with(real_host_port()), pool_size: 3)
       assert options.pool_size == 3
       refute_secret(inspect(options), "inspect of Config.read/1")
     end

@@ -93,7 +93,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       cycle_callers: opts[:cycle_callers],
       pgbench: System.find_executable("pgbench") || Mix.raise("locks.bench: pgbench not on PATH"),
       tmp: Path.join(System.tmp_dir!(), "locks_bench_#{System.unique_integer([:positive])}"),
-      stmts: Map.new(Native.statements()),
+      stmts: Map.new(raise("the statement texts: next commit")),
       chats: qualified("phoenix_kit_agent_conversations"),
       users: qualified("phoenix_kit_agent_user_settings"),
       started: DateTime.utc_now() |> DateTime.truncate(:second),
@@ -710,9 +710,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       stats(lats)
     end
 
+    bytes = fn uuid -> Base.decode16!(String.replace(uuid, "-", ""), case: :mixed) end
+    {cb, ub} = {bytes.(c), bytes.(u)}
+
+    # A turn and the call's stamp, as Locks takes them (no one waits here).
+    turn = fn ->
+      start = System.monotonic_time(:nanosecond)
+      {Native.admit(start), start}
+    end
+
     bad_arg = fn ->
+      {token, start} = turn.()
+
       try do
-        Native.held("not-a-uuid", u, r)
+        Native.held(token, start, "not-a-uuid", ub, r)
       rescue
         ArgumentError -> :ok
       end
@@ -720,9 +731,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     rows = [
       {"normal-scheduler NIF, no work (Native.loaded/0)", time.(fn -> Native.loaded() end)},
+      {"a turn: Native.admit/1 (normal scheduler)", time.(turn)},
       {"dirty-I/O NIF, rejected argument (no tokio, no I/O)", time.(bad_arg)},
-      {"Native.held/3 (NIF: decode, pool, statement, reply)",
-       time.(fn -> true = Native.held(c, u, r) end)},
+      {"Native.held/5 (a turn, then the NIF: decode, pool, statement, reply)",
+       time.(fn ->
+         {token, start} = turn.()
+         true = Native.held(token, start, cb, ub, r)
+       end)},
       {"Locks.held?/3 (adds the Elixir argument checks)",
        time.(fn -> true = Locks.held?(c, u, r) end)}
     ]

@@ -1,0 +1,401 @@
+//! Admission: how many lock calls may run at once.
+//!
+//! Every lock call waits on a dirty-I/O scheduler for as long as its
+//! statement takes. With a database that hangs, calls that were let in
+//! freely would hold every one of those schedulers, and the rest of the VM
+//! that runs there (file I/O, code loading) would wait with them. So a call
+//! first asks the [`Gate`] for a *turn* on a normal scheduler, and enters a
+//! dirty one only with a turn in hand. At most `capacity` turns exist at
+//! once (the pool's size, which by default leaves two of the VM's dirty-I/O
+//! schedulers free), so a turn also guarantees a free connection.
+//!
+//! * [`Gate::admit`]: a turn at once when one is free and nobody waits
+//!   (`Go(token)`), or a place in the queue (`Wait`): the caller then waits
+//!   on a normal scheduler, without spinning, for a [`Wake`] message, until
+//!   its checkout deadline.
+//! * [`Gate::enter`]: the dirty-scheduler call trades its token for a
+//!   [`Permit`]; [`Gate::release`] gives it back when the call ends, and
+//!   hands the freed turn to the first live waiter.
+//! * [`Gate::leave`]: a waiter whose deadline passed takes itself out of
+//!   the queue, or gives back the turn it was handed too late.
+//!
+//! Waiters are served first come, first served: while anybody waits, a new
+//! caller queues behind them. A turn handed out but never used (its caller
+//! was killed between the two calls) lapses at the caller's checkout
+//! deadline, so nothing can hold a turn for good: the release is done by the
+//! dirty-scheduler call itself, which always runs to its end, even when its
+//! process is killed meanwhile.
+//!
+//! Times are the caller's monotonic clock, in nanoseconds; `W` is whatever
+//! names a waiter (a process, for the NIF).
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard};
+
+/// The answer of [`Gate::admit`].
+#[derive(Debug, PartialEq, Eq)]
+pub enum Admission {
+    /// A turn: pass the token to [`Gate::enter`].
+    Go(u64),
+    /// Queued: wait up to `wait_ns` for a [`Wake`] with this ticket.
+    Wait {
+        /// What the wake message will carry, and what [`Gate::leave`] takes.
+        ticket: u64,
+        /// Nanoseconds left until the caller's checkout deadline.
+        wait_ns: i64,
+    },
+    /// The checkout deadline has passed already.
+    TimedOut,
+}
+
+/// A turn handed to a waiter: send it `ticket` and `token`.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Wake<W> {
+    /// The waiter.
+    pub who: W,
+    /// The ticket it waits for.
+    pub ticket: u64,
+    /// Its turn, for [`Gate::enter`].
+    pub token: u64,
+}
+
+/// A running call's turn; give it back with [`Gate::release`].
+#[must_use = "a permit must be given back with Gate::release"]
+#[derive(Debug)]
+pub struct Permit(());
+
+/// What the gate holds right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Turns in all: the most calls that run at once.
+    pub capacity: usize,
+    /// Calls running now.
+    pub running: usize,
+    /// Turns handed out and not yet used.
+    pub granted: usize,
+    /// Callers waiting for a turn.
+    pub waiting: usize,
+}
+
+/// The turns of one VM (see the module doc).
+#[derive(Debug)]
+pub struct Gate<W> {
+    state: Mutex<State<W>>,
+}
+
+#[derive(Debug)]
+struct State<W> {
+    capacity: usize,
+    running: usize,
+    granted: Vec<Grant>,
+    queue: VecDeque<Waiter<W>>,
+    last_id: u64,
+}
+
+#[derive(Debug)]
+struct Grant {
+    token: u64,
+    /// The ticket of the waiter it was handed to; `None` for an immediate turn.
+    ticket: Option<u64>,
+    expires: i64,
+}
+
+#[derive(Debug)]
+struct Waiter<W> {
+    ticket: u64,
+    who: W,
+    expires: i64,
+}
+
+impl<W> Default for Gate<W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<W> Gate<W> {
+    /// A gate with no turns: every caller waits until [`Gate::set_capacity`].
+    pub const fn new() -> Self {
+        Gate {
+            state: Mutex::new(State {
+                capacity: 0,
+                running: 0,
+                granted: Vec::new(),
+                queue: VecDeque::new(),
+                last_id: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<W>> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sets the number of turns (a new pool's size); waiters are woken if
+    /// there are more now.
+    pub fn set_capacity(
+        &self,
+        capacity: usize,
+        now: i64,
+        alive: impl Fn(&W) -> bool,
+    ) -> Vec<Wake<W>> {
+        let mut state = self.lock();
+        state.capacity = capacity;
+        state.fill(now, alive)
+    }
+
+    /// A turn for `who`, whose checkout deadline is `expires`, or its place
+    /// in the queue; and the turns this frees for earlier waiters.
+    pub fn admit(
+        &self,
+        now: i64,
+        expires: i64,
+        who: W,
+        alive: impl Fn(&W) -> bool,
+    ) -> (Admission, Vec<Wake<W>>) {
+        let mut state = self.lock();
+        let wakes = state.fill(now, alive);
+        let admission = if expires <= now {
+            Admission::TimedOut
+        } else if state.queue.is_empty() && state.free() > 0 {
+            let token = state.next_id();
+            state.granted.push(Grant {
+                token,
+                ticket: None,
+                expires,
+            });
+            Admission::Go(token)
+        } else {
+            let ticket = state.next_id();
+            state.queue.push_back(Waiter {
+                ticket,
+                who,
+                expires,
+            });
+            Admission::Wait {
+                ticket,
+                wait_ns: expires - now,
+            }
+        };
+        (admission, wakes)
+    }
+
+    /// Trades a turn's token for a permit to run; `None` when the turn
+    /// lapsed (its deadline passed) or was given back.
+    pub fn enter(
+        &self,
+        token: u64,
+        now: i64,
+        alive: impl Fn(&W) -> bool,
+    ) -> (Option<Permit>, Vec<Wake<W>>) {
+        let mut state = self.lock();
+        let permit = match state.granted.iter().position(|g| g.token == token) {
+            Some(i) if state.granted[i].expires > now => {
+                state.granted.swap_remove(i);
+                state.running += 1;
+                Some(Permit(()))
+            }
+            _ => None,
+        };
+        let wakes = state.fill(now, alive);
+        (permit, wakes)
+    }
+
+    /// Gives a running call's turn back; the waiters it frees a turn for.
+    pub fn release(&self, permit: Permit, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+        let Permit(()) = permit;
+        let mut state = self.lock();
+        state.running = state.running.saturating_sub(1);
+        state.fill(now, alive)
+    }
+
+    /// Takes the waiter of `ticket` out of the queue, or gives back the turn
+    /// it was handed; the waiters that frees a turn for.
+    pub fn leave(&self, ticket: u64, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+        let mut state = self.lock();
+        match state.queue.iter().position(|w| w.ticket == ticket) {
+            Some(i) => drop(state.queue.remove(i)),
+            None => state.granted.retain(|g| g.ticket != Some(ticket)),
+        }
+        state.fill(now, alive)
+    }
+
+    /// What the gate holds right now.
+    pub fn counts(&self) -> Counts {
+        let state = self.lock();
+        Counts {
+            capacity: state.capacity,
+            running: state.running,
+            granted: state.granted.len(),
+            waiting: state.queue.len(),
+        }
+    }
+}
+
+impl<W> State<W> {
+    fn next_id(&mut self) -> u64 {
+        self.last_id += 1;
+        self.last_id
+    }
+
+    fn free(&self) -> usize {
+        self.capacity
+            .saturating_sub(self.running + self.granted.len())
+    }
+
+    /// Lets lapsed turns go, then hands free turns to the first live waiters
+    /// whose deadline has not passed.
+    fn fill(&mut self, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+        self.granted.retain(|g| g.expires > now);
+        let mut wakes = Vec::new();
+        while self.free() > 0 {
+            let Some(waiter) = self.queue.pop_front() else {
+                break;
+            };
+            if waiter.expires <= now || !alive(&waiter.who) {
+                continue;
+            }
+            let token = self.next_id();
+            self.granted.push(Grant {
+                token,
+                ticket: Some(waiter.ticket),
+                expires: waiter.expires,
+            });
+            wakes.push(Wake {
+                who: waiter.who,
+                ticket: waiter.ticket,
+                token,
+            });
+        }
+        wakes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECOND: i64 = 1_000_000_000;
+
+    fn anyone(_: &&str) -> bool {
+        true
+    }
+
+    fn gate(capacity: usize) -> Gate<&'static str> {
+        let gate = Gate::default();
+        assert!(gate.set_capacity(capacity, 0, anyone).is_empty());
+        gate
+    }
+
+    fn go(gate: &Gate<&'static str>, now: i64, who: &'static str) -> u64 {
+        match gate.admit(now, now + SECOND, who, anyone) {
+            (Admission::Go(token), wakes) if wakes.is_empty() => token,
+            other => panic!("{who} was not let in: {other:?}"),
+        }
+    }
+
+    fn wait(gate: &Gate<&'static str>, now: i64, who: &'static str) -> u64 {
+        match gate.admit(now, now + SECOND, who, anyone) {
+            (Admission::Wait { ticket, wait_ns }, _) if wait_ns == SECOND => ticket,
+            other => panic!("{who} did not queue: {other:?}"),
+        }
+    }
+
+    fn run(gate: &Gate<&'static str>, token: u64, now: i64) -> Permit {
+        match gate.enter(token, now, anyone) {
+            (Some(permit), _) => permit,
+            other => panic!("token {token} did not run: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn at_most_capacity_calls_run_and_the_rest_queue_in_order() {
+        let gate = gate(2);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
+        let _b = run(&gate, go(&gate, 0, "b"), 0);
+        let c = wait(&gate, 0, "c");
+        let d = wait(&gate, 0, "d");
+        assert_eq!(
+            gate.counts(),
+            Counts {
+                capacity: 2,
+                running: 2,
+                granted: 0,
+                waiting: 2
+            }
+        );
+
+        let wakes = gate.release(a, 1, anyone);
+        assert_eq!(wakes.len(), 1);
+        assert_eq!((wakes[0].who, wakes[0].ticket), ("c", c));
+        let _c = run(&gate, wakes[0].token, 1);
+        assert_eq!(gate.counts().waiting, 1, "d ({d}) still waits");
+    }
+
+    #[test]
+    fn a_newcomer_queues_behind_waiters_even_when_a_turn_is_free() {
+        let gate = gate(1);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
+        let b = wait(&gate, 0, "b");
+        let wakes = gate.release(a, 1, anyone);
+        assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [b]);
+        // b has been handed the turn but not used it yet: c must wait.
+        wait(&gate, 1, "c");
+    }
+
+    #[test]
+    fn a_waiter_that_left_or_died_is_skipped() {
+        let gate = gate(1);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
+        let b = wait(&gate, 0, "b");
+        wait(&gate, 0, "dead");
+        wait(&gate, 0, "d");
+        assert!(gate.leave(b, 1, anyone).is_empty());
+        let wakes = gate.release(a, 2, |who| *who != "dead");
+        assert_eq!(wakes.iter().map(|w| w.who).collect::<Vec<_>>(), ["d"]);
+    }
+
+    #[test]
+    fn a_turn_handed_too_late_is_given_back_by_leave() {
+        let gate = gate(1);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
+        let b = wait(&gate, 0, "b");
+        let c = wait(&gate, 0, "c");
+        let wakes = gate.release(a, 1, anyone);
+        assert_eq!(wakes[0].ticket, b);
+        // b timed out just as its turn came: leaving hands it on to c.
+        let wakes = gate.leave(b, 2, anyone);
+        assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [c]);
+    }
+
+    #[test]
+    fn an_unused_turn_lapses_at_its_deadline() {
+        let gate = gate(1);
+        let token = go(&gate, 0, "killed before it ran");
+        wait(&gate, 0, "b");
+        assert_eq!(gate.enter(token, SECOND, anyone).0.map(|_| ()), None);
+        // The lapsed turn went to nobody (b's own deadline passed with it),
+        // and the next caller gets it.
+        assert_eq!(gate.counts().waiting, 0);
+        go(&gate, SECOND, "c");
+    }
+
+    #[test]
+    fn a_caller_past_its_deadline_is_told_so_and_a_spent_token_cannot_run_twice() {
+        let gate = gate(1);
+        assert_eq!(gate.admit(5, 5, "late", anyone).0, Admission::TimedOut);
+        let token = go(&gate, 0, "a");
+        let permit = run(&gate, token, 0);
+        assert!(gate.enter(token, 0, anyone).0.is_none());
+        assert!(gate.release(permit, 0, anyone).is_empty());
+        assert_eq!(
+            gate.counts(),
+            Counts {
+                capacity: 1,
+                ..Counts::default()
+            }
+        );
+    }
+}

@@ -1,0 +1,426 @@
+//! [`LockPool`]: a pool of connections and the statements, one method per call.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
+use once_cell::sync::OnceCell;
+use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::Row;
+
+use crate::args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
+use crate::connect::{Conn, Connector};
+use crate::error::{Error, Result};
+use crate::outcome::{Acquire, AcquireUser};
+use crate::schema::{self, Column, Tables};
+use crate::settings::{Prepare, Settings};
+use crate::sql::{self, Statement, Statements};
+
+/// When a call must be answered by: its caller's start plus the checkout,
+/// connect and statement timeouts. The one deadline of a call; every wait of
+/// the call (the connection, the statement, retries) ends by it.
+#[derive(Clone, Copy, Debug)]
+pub struct Deadline {
+    at: Instant,
+    budget: Duration,
+}
+
+impl Deadline {
+    /// The deadline of a call its caller made at `started`.
+    pub fn new(started: Instant, settings: &Settings) -> Self {
+        let budget = settings.call_timeout();
+        Deadline {
+            at: started + budget,
+            budget,
+        }
+    }
+}
+
+/// The lock calls, over a pool of PostgreSQL connections.
+///
+/// Building one connects nothing; calls open connections as they need them.
+/// The first call of a pool reads the tables' columns (see `schema.rs`) and
+/// builds the statements; from then on a call is one round trip. A call
+/// that times out, or loses its connection, closes that connection (it is
+/// never handed to another call), cancels its statement on the server, and
+/// closes the idle connections opened before it, which went through the same
+/// network path: the next calls get new ones.
+pub struct LockPool {
+    pool: managed::Pool<Manager>,
+    connector: Connector,
+    settings: Settings,
+    statements: OnceCell<Arc<Statements>>,
+}
+
+/// Opens and checks connections for deadpool.
+struct Manager {
+    connector: Connector,
+}
+
+impl managed::Manager for Manager {
+    type Type = Conn;
+    type Error = Error;
+
+    async fn create(&self) -> Result<Conn> {
+        self.connector.open().await
+    }
+
+    /// A checkout costs no round trip: a connection whose socket ended is
+    /// known to be closed (its task saw the end) and is replaced.
+    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<Error> {
+        if conn.client.is_closed() {
+            Err(RecycleError::message("closed"))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+impl LockPool {
+    /// Builds the pool (reading the CA file of a verifying `sslmode`). Does not connect.
+    pub fn new(settings: Settings) -> Result<Self> {
+        let connector = Connector::new(&settings)?;
+        let pool = managed::Pool::builder(Manager {
+            connector: connector.clone(),
+        })
+        .max_size(settings.pool_size)
+        .build()
+        .map_err(|e| Error::config("pool_size", e.to_string()))?;
+        Ok(LockPool {
+            pool,
+            connector,
+            settings,
+            statements: OnceCell::new(),
+        })
+    }
+
+    /// The settings this pool was built from.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// Closes the pool: connections are dropped as they come back, and every
+    /// later call fails with [`Error::NotStarted`].
+    pub fn close(&self) {
+        self.pool.close();
+    }
+
+    /// Runs the statement `pick` chooses with `params` on a pooled
+    /// connection, by `deadline`; its rows.
+    async fn query(
+        &self,
+        deadline: Deadline,
+        pick: fn(&Statements) -> &Statement,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>> {
+        let mut held = None;
+        let answer = tokio::time::timeout_at(deadline.at.into(), async {
+            let conn = held.insert(self.checkout().await?);
+            let statements = self.statements(conn).await?;
+            loop {
+                match run(conn, self.settings.prepare, pick(&statements), params).await {
+                    Err(err) if err.is_retryable() => continue,
+                    answer => return answer,
+                }
+            }
+        })
+        .await;
+        match answer {
+            Ok(Err(err)) if err.lost_connection() => {
+                if let Some(conn) = held {
+                    self.discard(conn, false).await;
+                }
+                Err(err)
+            }
+            Ok(answer) => answer,
+            Err(_elapsed) => {
+                if let Some(conn) = held {
+                    self.discard(conn, true).await;
+                }
+                Err(Error::Timeout(deadline.budget))
+            }
+        }
+    }
+
+    async fn checkout(&self) -> Result<Object<Manager>> {
+        self.pool.get().await.map_err(|err| match err {
+            PoolError::Backend(err) => err,
+            PoolError::Closed => Error::NotStarted,
+            other => Error::Connect(other.to_string()),
+        })
+    }
+
+    /// Takes a connection out of the pool for good, in an unknown state (its
+    /// statement may still be running, or be on its way): closes it, asks
+    /// the server to cancel the statement when `cancel`, and closes the idle
+    /// connections opened before it.
+    async fn discard(&self, conn: Object<Manager>, cancel: bool) {
+        let opened = Object::metrics(&conn).created;
+        let conn = Object::take(conn);
+        if cancel {
+            self.connector
+                .cancel_in_background(conn.client.cancel_token());
+        }
+        drop(conn);
+        let _ = self.pool.retain(|_, metrics| metrics.created > opened);
+        // Let the runtime drop the aborted connection tasks now, which
+        // resets their sockets, rather than at the next call.
+        crate::global::catch_up().await;
+    }
+
+    /// The statements, built on the first call from the tables' columns.
+    async fn statements(&self, conn: &mut Conn) -> Result<Arc<Statements>> {
+        if let Some(statements) = self.statements.get() {
+            return Ok(statements.clone());
+        }
+        let prefix = self.settings.prefix.as_deref();
+        let (chats, users) = schema::table_names(prefix);
+        let columns = Statement {
+            name: "columns",
+            text: sql::COLUMNS.text.to_owned(),
+            params: sql::COLUMNS.params,
+        };
+        let columns = run(conn, self.settings.prepare, &columns, &[&chats, &users])
+            .await?
+            .iter()
+            .map(|row| {
+                Ok(Column {
+                    chats: get(row, 0)?,
+                    name: get(row, 1)?,
+                    type_name: get(row, 2)?,
+                    not_null: get(row, 3)?,
+                    has_default: get(row, 4)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let statements = Arc::new(Statements::new(&Tables::from_columns(prefix, &columns)?));
+        Ok(self.statements.get_or_init(|| statements).clone())
+    }
+
+    /// Takes the chat's and the user's lock for `turn`, or neither ([`sql::ACQUIRE`]).
+    pub async fn acquire(
+        &self,
+        deadline: Deadline,
+        chat: &Uuid,
+        user: &Uuid,
+        turn: TurnRef<'_>,
+        ttl: Ttl,
+    ) -> Result<Acquire> {
+        let rows = self
+            .query(
+                deadline,
+                |s| &s.acquire,
+                &[chat, user, &turn.as_str(), &ttl.seconds()],
+            )
+            .await?;
+        let row = only(&rows)?;
+        let acquired: bool = get(row, 0)?;
+        let holder: Option<&str> = get(row, 1)?;
+        Ok(match (acquired, holder) {
+            (true, _) => Acquire::Acquired,
+            (false, None) => Acquire::ConversationBusy,
+            (false, Some(holder)) => match AcquireUser::from_holder(holder, turn.as_str()) {
+                AcquireUser::ClickInFlight => Acquire::ClickInFlight,
+                // The user's lock was ours but the chat could not be written:
+                // impossible while the chat row is locked, but never report
+                // an acquisition that did not happen.
+                AcquireUser::Acquired => Acquire::ConversationBusy,
+                AcquireUser::TurnInFlight => Acquire::TurnInFlight,
+            },
+        })
+    }
+
+    /// Takes the user's lock alone for a click, dated back by `ttl - hold` ([`sql::ACQUIRE_USER`]).
+    pub async fn acquire_user(
+        &self,
+        deadline: Deadline,
+        user: &Uuid,
+        click: ClickRef<'_>,
+        ttl: Ttl,
+        hold: Hold,
+    ) -> Result<AcquireUser> {
+        let rows = self
+            .query(
+                deadline,
+                |s| &s.acquire_user,
+                &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
+            )
+            .await?;
+        let holder: &str = get(only(&rows)?, 0)?;
+        Ok(AcquireUser::from_holder(holder, click.as_str()))
+    }
+
+    /// Whether the chat's lock is `turn`'s and not older than `ttl` ([`sql::FRESH`]).
+    pub async fn fresh(
+        &self,
+        deadline: Deadline,
+        chat: &Uuid,
+        turn: TurnRef<'_>,
+        ttl: Ttl,
+    ) -> Result<bool> {
+        let rows = self
+            .query(
+                deadline,
+                |s| &s.fresh,
+                &[chat, &turn.as_str(), &ttl.seconds()],
+            )
+            .await?;
+        get(only(&rows)?, 0)
+    }
+
+    /// Whether `turn` holds both locks ([`sql::HELD`]).
+    pub async fn held(
+        &self,
+        deadline: Deadline,
+        chat: &Uuid,
+        user: &Uuid,
+        turn: TurnRef<'_>,
+    ) -> Result<bool> {
+        let rows = self
+            .query(deadline, |s| &s.held, &[chat, user, &turn.as_str()])
+            .await?;
+        get(only(&rows)?, 0)
+    }
+
+    /// Re-dates the click's lock as if taken now; `true` when `click` held it ([`sql::KEEP_USER`]).
+    pub async fn keep_user(
+        &self,
+        deadline: Deadline,
+        user: &Uuid,
+        click: ClickRef<'_>,
+        ttl: Ttl,
+        hold: Hold,
+    ) -> Result<bool> {
+        let rows = self
+            .query(
+                deadline,
+                |s| &s.keep_user,
+                &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
+            )
+            .await?;
+        Ok(rows.len() == 1)
+    }
+
+    /// Frees whichever of the two locks `turn` still holds ([`sql::RELEASE`]).
+    pub async fn release(
+        &self,
+        deadline: Deadline,
+        chat: &Uuid,
+        user: &Uuid,
+        turn: TurnRef<'_>,
+    ) -> Result<()> {
+        self.query(deadline, |s| &s.release, &[chat, user, &turn.as_str()])
+            .await?;
+        Ok(())
+    }
+
+    /// Frees a lost turn's locks while the chat's is still its and older than
+    /// `ttl`; `true` when this call freed it ([`sql::RELEASE_STALE`]).
+    pub async fn release_stale(
+        &self,
+        deadline: Deadline,
+        chat: &Uuid,
+        user: &Uuid,
+        turn: TurnRef<'_>,
+        ttl: Ttl,
+    ) -> Result<bool> {
+        let rows = self
+            .query(
+                deadline,
+                |s| &s.release_stale,
+                &[chat, user, &turn.as_str(), &ttl.seconds()],
+            )
+            .await?;
+        get(only(&rows)?, 0)
+    }
+
+    /// Frees the user's lock if `click` still holds it ([`sql::RELEASE_USER`]).
+    pub async fn release_user(
+        &self,
+        deadline: Deadline,
+        user: &Uuid,
+        click: ClickRef<'_>,
+    ) -> Result<()> {
+        self.query(deadline, |s| &s.release_user, &[user, &click.as_str()])
+            .await?;
+        Ok(())
+    }
+
+    /// Runs DDL text (from [`crate::schema`]) as one simple-protocol batch.
+    pub async fn run_ddl(&self, deadline: Deadline, ddl: &str) -> Result<()> {
+        let answer = tokio::time::timeout_at(deadline.at.into(), async {
+            let conn = self.checkout().await?;
+            conn.client
+                .batch_execute(ddl)
+                .await
+                .map_err(|e| Error::in_flight(&e))
+        })
+        .await;
+        answer.unwrap_or(Err(Error::Timeout(deadline.budget)))
+    }
+}
+
+/// Runs `statement` on `conn`: by name (prepared on the connection the first
+/// time) or unnamed, with its parameters' types, in one round trip.
+async fn run(
+    conn: &mut Conn,
+    prepare: Prepare,
+    statement: &Statement,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>> {
+    let rows = match prepare {
+        Prepare::Named => {
+            let prepared = match conn
+                .prepared
+                .iter()
+                .find(|(name, _)| *name == statement.name)
+            {
+                Some((_, prepared)) => prepared.clone(),
+                None => {
+                    let prepared = conn
+                        .client
+                        .prepare_typed(&statement.text, statement.params)
+                        .await
+                        .map_err(|e| Error::in_flight(&e))?;
+                    conn.prepared.push((statement.name, prepared.clone()));
+                    prepared
+                }
+            };
+            conn.client.query(&prepared, params).await
+        }
+        Prepare::Unnamed => {
+            let typed: Vec<_> = params
+                .iter()
+                .zip(statement.params)
+                .map(|(value, ty)| (*value, ty.clone()))
+                .collect();
+            conn.client.query_typed(&statement.text, &typed).await
+        }
+    };
+    rows.map_err(|e| Error::in_flight(&e))
+}
+
+/// The only row of a statement that returns exactly one.
+fn only(rows: &[Row]) -> Result<&Row> {
+    match rows {
+        [row] => Ok(row),
+        _ => Err(unexpected(format!(
+            "{} rows where one was expected",
+            rows.len()
+        ))),
+    }
+}
+
+/// Column `i` of `row`.
+fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
+    row.try_get(i).map_err(|e| unexpected(e.to_string()))
+}
+
+/// An answer the statement should not have given: the tables are not what
+/// the statements were built for (they changed under a running pool).
+fn unexpected(reason: String) -> Error {
+    Error::config(
+        "tables",
+        format!("unexpected answer ({reason}); restart the application"),
+    )
+}
