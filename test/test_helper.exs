@@ -1,14 +1,51 @@
 # The tests run against a real PostgreSQL: DATABASE_URL, or else the project's
 # private cluster (scripts/pg), started here and left running for the next run.
+#
+# LOCKS_TEST_VIA says how the library reaches it:
+#
+#   * `direct` (the default): the `locks` database, with the shipped tables;
+#   * `pgbouncer_transaction` / `pgbouncer_session`: through Debian's PgBouncer
+#     in that pool mode (scripts/pg bouncer), on a database of its own,
+#     `locks_ecto`, whose tables are made as a host's Ecto migrations make them
+#     (TestDB.ecto_tables/2) and whose sessions start in Asia/Tokyo: the
+#     contract suite (test/phoenix_kit_agent/turns/locks) runs there with
+#     `prepare: :unnamed` in transaction mode and named statements in session
+#     mode. The SQL of the tests' own goes to the database directly.
+alias PhoenixKitAgent.Turns.Locks.{Schema, TestDB}
+
+app = :phoenix_kit_agent_locks
+pg = fn args -> System.cmd(Path.expand("scripts/pg"), args) end
+
 unless System.get_env("DATABASE_URL") do
-  {out, 0} = System.cmd(Path.expand("scripts/pg"), ["start"])
+  {out, 0} = pg.(["start"])
   [_, url] = Regex.run(~r/DATABASE_URL='([^']+)'/, out)
   System.put_env("DATABASE_URL", url)
-  # The application started before this file ran, without a URL.
-  :ok = Application.stop(:phoenix_kit_agent_locks)
-  {:ok, _} = Application.ensure_all_started(:phoenix_kit_agent_locks)
 end
 
-:ok = PhoenixKitAgent.Turns.Locks.Schema.setup!()
+case System.get_env("LOCKS_TEST_VIA", "direct") do
+  "direct" ->
+    :ok
+
+  via when via in ["pgbouncer_transaction", "pgbouncer_session"] ->
+    {out, 0} = pg.(["bouncer"])
+    mode = via |> String.replace_prefix("pgbouncer_", "") |> String.upcase()
+    [_, bouncer] = Regex.run(~r/LOCKS_PGBOUNCER_#{mode}_URL='([^']+)'/, out)
+    in_db = fn url -> url |> URI.parse() |> Map.put(:path, "/locks_ecto") |> URI.to_string() end
+
+    TestDB.query!("DROP DATABASE IF EXISTS locks_ecto WITH (FORCE)")
+    TestDB.query!("CREATE DATABASE locks_ecto")
+    TestDB.query!("ALTER DATABASE locks_ecto SET timezone TO 'Asia/Tokyo'")
+    System.put_env("DATABASE_URL", in_db.(TestDB.url()))
+    System.put_env("LOCKS_TEST_TABLES", "ecto")
+    TestDB.query!(TestDB.ecto_tables())
+
+    Application.put_env(app, :url, in_db.(bouncer))
+    Application.put_env(app, :prepare, if(mode == "TRANSACTION", do: :unnamed, else: :named))
+end
+
+# The application started before this file ran, with what was set then.
+:ok = Application.stop(app)
+{:ok, _} = Application.ensure_all_started(app)
+if TestDB.tables() == :shipped, do: :ok = Schema.setup!()
 
 ExUnit.start()

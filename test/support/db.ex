@@ -26,7 +26,10 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
       sql
     ]
 
-    case System.cmd("psql", args, stderr_to_stdout: true, env: [{"PGCONNECT_TIMEOUT", "10"}]) do
+    case System.cmd("psql", args,
+           stderr_to_stdout: true,
+           env: [{"PGCONNECT_TIMEOUT", "10"}, {"PGTZ", "UTC"}]
+         ) do
       {out, 0} ->
         out
         |> String.split("\n", trim: true)
@@ -54,12 +57,61 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
     end)
   end
 
+  @doc """
+  The tables the tests run on, from LOCKS_TEST_TABLES: `:shipped` (the
+  library's own DDL, the default) or `:ecto` (as Ecto migrations make a
+  host's: see `ecto_tables/2`).
+  """
+  def tables, do: if(System.get_env("LOCKS_TEST_TABLES") == "ecto", do: :ecto, else: :shipped)
+
+  @doc """
+  The SQL that inserts the chat rows of `ids` into `table`: on Ecto-made
+  tables a row needs its `inserted_at` and `updated_at` (no default).
+  """
+  def insert_chats_sql(ids, table \\ "phoenix_kit_agent_conversations") do
+    {columns, values} =
+      if tables() == :ecto, do: {", inserted_at, updated_at", ", now(), now()"}, else: {"", ""}
+
+    "INSERT INTO #{table} (uuid#{columns}) VALUES " <>
+      Enum.map_join(ids, ",", &"('#{&1}'#{values})")
+  end
+
   @doc "Inserts `n` new chats and returns their uuids."
   def insert_chats!(n) do
     ids = for _ <- 1..n, do: uuid()
-    values = Enum.map_join(ids, ",", &"('#{&1}')")
-    query!("INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES #{values}")
+    query!(insert_chats_sql(ids))
     ids
+  end
+
+  @doc """
+  Both tables as a PhoenixKit host's Ecto migrations make them, in schema
+  `prefix` (or the search_path), as Ecto's PostgreSQL adapter writes the
+  DDL: uuid primary keys without a database default (Ecto generates them),
+  `timestamps(type: timestamps)` columns `NOT NULL` without a default
+  (`:naive_datetime` is `timestamp(0)`, `:utc_datetime_usec` is `timestamp`),
+  and a chat table whose lock columns came from an earlier migration as
+  `add :busy_since, :utc_datetime_usec` and `add :busy_turn_ref, :string`.
+  Then the library's `Schema.statements(:lock_columns, prefix)`, as a host's
+  migration runs them.
+  """
+  def ecto_tables(prefix \\ nil, timestamps \\ :naive_datetime) do
+    ts = %{naive_datetime: "timestamp(0)", utc_datetime_usec: "timestamp"}[timestamps]
+    q = fn table -> if prefix, do: ~s("#{prefix}"."#{table}"), else: ~s("#{table}") end
+
+    [
+      if(prefix, do: ~s[CREATE SCHEMA IF NOT EXISTS "#{prefix}"]),
+      ~s[CREATE TABLE #{q.("phoenix_kit_agent_conversations")} ("uuid" uuid, "user_uuid" uuid, ] <>
+        ~s["title" varchar(255), "busy_since" timestamp, "busy_turn_ref" varchar(255), ] <>
+        ~s["inserted_at" #{ts} NOT NULL, "updated_at" #{ts} NOT NULL, PRIMARY KEY ("uuid"))],
+      ~s[CREATE TABLE #{q.("phoenix_kit_agent_user_settings")} ("uuid" uuid, ] <>
+        ~s["user_uuid" uuid NOT NULL, "settings" jsonb DEFAULT '{}' NOT NULL, ] <>
+        ~s["inserted_at" #{ts} NOT NULL, "updated_at" #{ts} NOT NULL, PRIMARY KEY ("uuid"))],
+      ~s[CREATE UNIQUE INDEX "phoenix_kit_agent_user_settings_user_uuid_index" ] <>
+        ~s[ON #{q.("phoenix_kit_agent_user_settings")} ("user_uuid")]
+      | PhoenixKitAgent.Turns.Locks.Schema.statements(:lock_columns, prefix)
+    ]
+    |> Enum.reject(&is_nil/1)
+    |> Enum.map_join(";\n", & &1)
   end
 
   @doc "Inserts one new chat and returns its uuid."

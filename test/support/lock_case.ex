@@ -30,11 +30,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   @doc "Inserts `n` new chats (rows of `phoenix_kit_agent_conversations`) and returns their uuids."
   def insert_chats!(n) do
     ids = for _ <- 1..n, do: TestDB.uuid()
-
-    sql!(
-      "INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES #{Enum.map_join(ids, ",", &"('#{&1}')")}"
-    )
-
+    sql!(TestDB.insert_chats_sql(ids))
     ids
   end
 
@@ -219,9 +215,13 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   ISO 8601 timestamp with its offset.
   """
   def insert_settings!(user, updated_at) do
+    # An Ecto-made table's uuid key has no default: Ecto generates it.
+    {key, value} =
+      if TestDB.tables() == :ecto, do: {"uuid, ", "gen_random_uuid(), "}, else: {"", ""}
+
     sql!("""
-    INSERT INTO phoenix_kit_agent_user_settings (user_uuid, inserted_at, updated_at)
-    VALUES ('#{user}', '#{updated_at}', '#{updated_at}')
+    INSERT INTO phoenix_kit_agent_user_settings (#{key}user_uuid, inserted_at, updated_at)
+    VALUES (#{value}'#{user}', '#{updated_at}', '#{updated_at}')
     """)
 
     :ok

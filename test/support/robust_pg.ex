@@ -180,8 +180,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
 
   @doc """
   Creates a database `locks_robust_<name>_<random>` on the shared cluster,
-  runs `sql` in it (after the library's tables are made), and returns
-  `{dbname, url}`. It is dropped when the test ends.
+  runs `sql` in it (after the tables are made: `tables:` the DDL, the
+  library's own by default), and returns `{dbname, url}`. It is dropped when
+  the test ends.
   """
   def create_database!(name, opts \\ []) do
     db = "locks_robust_#{name}_#{System.unique_integer([:positive])}_#{:rand.uniform(1_000_000)}"
@@ -195,7 +196,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
         do: TestDB.query!("ALTER DATABASE #{db} SET #{setting}")
 
     url = database_url(db)
-    tables = PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil)
+
+    tables =
+      Keyword.get_lazy(opts, :tables, fn ->
+        PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil)
+      end)
+
     TestDB.query!(tables <> ";\n" <> Keyword.get(opts, :sql, "SELECT 1"), url)
     {db, url}
   end

@@ -30,8 +30,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Psql do
       ])
 
     session = %__MODULE__{port: port, url: url}
-    # NOTICEs would come back as rows.
-    [] = query!(session, "SET client_min_messages = warning")
+    # NOTICEs would come back as rows. A `timestamp without time zone`
+    # holds UTC (Ecto's convention), whatever the database's TimeZone.
+    [] = query!(session, "SET client_min_messages = warning; SET TimeZone = 'UTC'")
     session
   end
 
