@@ -1,0 +1,144 @@
+defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
+  # A database that hangs (a failover, a black-holed path, a long lock wait)
+  # must not freeze the VM. Every lock call waits on a dirty-I/O scheduler
+  # for as long as its statement takes; at most pool_size of them run (8 of
+  # the VM's 10 by default), the rest wait their turn on a normal scheduler.
+  # So with the database frozen (SIGSTOP of every process of the test's own
+  # second cluster, _build/pg-faults) and 50 callers in a child node of
+  # default settings but short timeouts:
+  #
+  #   * a process that has nothing to do with the locks reads and writes a
+  #     file as fast as ever (two dirty-I/O schedulers stay free);
+  #   * the normal schedulers answer as fast as ever (the probe's p99);
+  #   * every call ends within its timeout + 1 s, with its documented
+  #     reason: the 8 running ones :timeout, the 42 waiting ones :pool_timeout;
+  #   * Application.stop/1 returns at once;
+  #   * once the database thaws, the next call succeeds.
+  use ExUnit.Case, async: true
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Psql}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.{Faults, Freeze}
+
+  @moduletag :robustness
+  @moduletag timeout: 180_000
+
+  @timeouts [checkout_timeout: 1_000, connect_timeout: 1_000, statement_timeout: 2_000]
+  @call_ms 4_000
+  @checkout_ms 1_000
+  @callers 50
+
+  setup_all do
+    dir = Pg.faults_dir()
+    _lock = Pg.lock!(dir)
+    url = Pg.own_port!(dir, Pg.start!(dir))
+    TestDB.query!(PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil), url)
+    on_exit(fn -> Pg.stop!(dir) end)
+    %{dir: dir, url: url}
+  end
+
+  defp fresh_chats(url, n) do
+    chats = for _ <- 1..n, do: TestDB.uuid()
+    TestDB.query!(TestDB.insert_chats_sql(chats), url)
+    chats
+  end
+
+  setup %{dir: dir, url: url} do
+    :ok = Pg.ensure_running!(dir)
+    chats = fresh_chats(url, @callers)
+    name = "locks_freeze_#{System.unique_integer([:positive])}"
+    node = Node.start!(app_env: [url: url, application_name: name] ++ @timeouts)
+    assert {_pid, {:ok, _}} = Node.hello(node)
+    warm!(node, url, name, hd(chats))
+    on_exit(fn -> Pg.signal!(dir, "CONT") end)
+    %{node: node, chats: chats}
+  end
+
+  # Opens every connection of the pool: pool_size calls wait together for a
+  # row another session holds, so each needs a connection of its own. Then
+  # the frozen calls reach the server on them instead of trying to connect.
+  defp warm!(node, url, name, chat) do
+    pool_size = Config.default_pool_size()
+    psql = Psql.open!(url)
+
+    Psql.query!(
+      psql,
+      "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE"
+    )
+
+    calls = for _ <- 1..pool_size, do: {:acquire, [chat, TestDB.uuid(), "warm", 60]}
+    waiting = Node.async(node, Faults, :timed_many, [calls])
+
+    count = """
+    SELECT count(*) FROM pg_stat_activity WHERE application_name = '#{name}' AND wait_event_type = 'Lock'
+    """
+
+    # Read outside the transaction that holds the row: within one,
+    # pg_stat_activity is the same snapshot every time.
+    assert :ok = Faults.until(fn -> TestDB.query!(count, url) == [["#{pool_size}"]] end, 10_000)
+    Psql.query!(psql, "ROLLBACK")
+    Psql.close(psql)
+    assert length(Node.await(node, waiting)) == pool_size
+  end
+
+  defp freeze!(dir, node, chats, opts) do
+    Pg.signal!(dir, "STOP")
+    calls = for chat <- chats, do: {:acquire, [chat, TestDB.uuid(), "frozen", 60]}
+    result = Node.call(node, Freeze, :run, [calls, [after_ms: 200] ++ opts])
+    Pg.signal!(dir, "CONT")
+    result
+  end
+
+  defp p99(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples) * 99, 100))
+
+  test "50 callers: file I/O and the normal schedulers stay fast, every call ends in time " <>
+         "with its reason, and the next call after the thaw succeeds",
+       %{dir: dir, url: url, node: node, chats: chats} do
+    result = freeze!(dir, node, chats, [])
+
+    assert result.read_ms < 50, "File.read! took #{result.read_ms} ms"
+    assert result.write_ms < 50, "File.write! took #{result.write_ms} ms"
+    assert length(result.probe_us) > 1_000
+    assert p99(result.probe_us) < 1_000, "probe p99 #{p99(result.probe_us)} µs"
+
+    reasons = Enum.frequencies_by(result.answers, fn {{:raised, %Error{reason: r}}, _ms} -> r end)
+    pool_size = Config.default_pool_size()
+    assert reasons == %{timeout: pool_size, pool_timeout: @callers - pool_size}
+
+    for {{:raised, %Error{reason: reason}}, ms} <- result.answers do
+      bound = if reason == :timeout, do: @call_ms, else: @checkout_ms
+      assert ms >= bound - 100 and ms <= bound + 1_000, "#{reason} after #{ms} ms"
+    end
+
+    chat = hd(chats)
+
+    assert :ok =
+             Faults.until(
+               fn -> Node.call(node, Locks, :held?, [chat, chat, "x"]) == false end,
+               10_000
+             )
+
+    # A chat of its own: the frozen acquires the server had received ran
+    # when it thawed (see the README's "Limits").
+    [fresh] = fresh_chats(url, 1)
+    assert Node.call(node, Locks, :acquire, [fresh, TestDB.uuid(), "thawed", 60]) == :ok
+  end
+
+  test "Application.stop/1 returns within a second while 50 callers wait on the frozen database",
+       %{dir: dir, url: url, node: node, chats: chats} do
+    result = freeze!(dir, node, chats, stop_app: true)
+
+    assert result.stop_ms < 1_000, "Application.stop took #{result.stop_ms} ms"
+
+    for {{:raised, %Error{reason: reason}}, ms} <- result.answers do
+      assert reason in [:timeout, :pool_timeout, :not_started]
+      assert ms <= @call_ms + 1_000
+    end
+
+    {:ok, _} = Node.call(node, Application, :ensure_all_started, [:phoenix_kit_agent_locks])
+
+    [fresh] = fresh_chats(url, 1)
+    assert Node.call(node, Locks, :acquire, [fresh, TestDB.uuid(), "restarted", 60]) == :ok
+  end
+end
