@@ -33,6 +33,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
               @connection ++
               [:prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout]
 
+  # Read by the Mix compiler when it builds the library (Mix.Tasks.Compile.LocksNif),
+  # not here: allowed in the application's configuration, and ignored.
+  @build_settings [:build_from_source]
+
   # Ranges as native/locks_core/src/config.rs checks them, with its wording:
   # checked here too so that an integer too large for the native side is
   # refused naming the setting, instead of failing to decode.
@@ -142,7 +146,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     unless Keyword.keyword?(env),
       do: raise(ArgumentError, "invalid configuration: expected a keyword list of settings")
 
-    case Keyword.keys(env) -- @settings do
+    case Keyword.keys(env) -- (@settings ++ @build_settings) do
       [] ->
         :ok
 
@@ -154,6 +158,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     end
 
     env
+    |> Keyword.drop(@build_settings)
     |> Enum.reject(fn {_key, value} -> value == nil end)
     |> Enum.map(fn {key, value} -> {key, check!(key, value)} end)
   end
