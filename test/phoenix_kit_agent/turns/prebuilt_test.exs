@@ -256,6 +256,36 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
       assert requests() == ["GET http://release.invalid/v#{@version}/#{ctx.name}"]
     end
 
+    # The TLS alerts are logged: kept out of the test output.
+    @tag :capture_log
+    test "is not downloaded from an HTTPS server the system's CA certificates do not vouch for" do
+      # A server certificate from a CA of the test's own (one no system trusts).
+      key = [key: {:namedCurve, :secp256r1}]
+
+      %{server_config: tls} =
+        :public_key.pkix_test_data(%{
+          server_chain: %{root: key, intermediates: [], peer: key},
+          client_chain: %{root: key, intermediates: [], peer: key}
+        })
+
+      {:ok, listen} = :ssl.listen(0, [ip: {127, 0, 0, 1}, active: false] ++ tls)
+      {:ok, {_, port}} = :ssl.sockname(listen)
+      test = self()
+
+      spawn_link(fn ->
+        {:ok, socket} = :ssl.transport_accept(listen)
+        send(test, {:handshake, :ssl.handshake(socket, 5_000)})
+      end)
+
+      url = "https://localhost:#{port}/#{Prebuilt.artifact(@version, @nif, @target)}"
+
+      assert Prebuilt.download(url, []) ==
+               {:error, "GET #{url} failed: cannot connect: TLS alert unknown_ca"}
+
+      assert_receive {:handshake, {:error, {:tls_alert, {:unknown_ca, _}}}}
+      :ssl.close(listen)
+    end
+
     test "whose download does not match the checksum file stops the build: both hashes, nothing installed",
          ctx do
       listed = Prebuilt.checksum(ctx.tarball)

@@ -33,7 +33,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
        case) when one is set, except for the hosts of `no_proxy`.
 
   A download whose checksum matched is kept in the cache, so the network is
-  asked once per version. The target is derived from the VM's system
+  asked once per artifact. The target is derived from the VM's system
   architecture; `LOCKS_NIF_TARGET` names another.
   """
 
@@ -56,9 +56,10 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   @target_env "LOCKS_NIF_TARGET"
   @cache_name "phoenix_kit_agent_locks"
 
-  # httpc keeps its options (the proxy) per profile: a profile of our own,
-  # started for one download and stopped after it, so that nothing set here
-  # leaks into the host's HTTP client or into the next download.
+  # httpc keeps options (the proxy) per profile, and a proxy once set cannot
+  # be unset: a profile of our own, started for one download and stopped
+  # after it, so that neither the host's HTTP client nor the next download
+  # inherits a proxy from this one.
   @profile :phoenix_kit_agent_locks_nif
   # An artifact is a few MB; a sandbox without network fails at connect.
   @connect_timeout 15_000
@@ -109,9 +110,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     }
   end
 
-  # The release's download URL from mix.exs, defined there once.
-  @doc false
-  def base_url(config), do: Keyword.fetch!(config, :locks_nif_base_url)
+  # The release's download URL, defined once, in mix.exs.
+  defp base_url(config), do: Keyword.fetch!(config, :locks_nif_base_url)
 
   # An empty variable counts as unset, as shells and Docker ENV lines make them.
   defp value(env, name) do
@@ -408,6 +408,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
 
   defp http_error({:failed_connect, info}) do
     case List.keyfind(info, :inet, 0) do
+      {:inet, _, {:tls_alert, {alert, _text}}} -> "cannot connect: TLS alert #{alert}"
       {:inet, _, reason} -> "cannot connect: #{:inet.format_error(reason)}"
       nil -> "cannot connect: #{inspect(info)}"
     end
