@@ -39,8 +39,11 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
 
     # The library as its package ships, without target/, _build/ or priv/native/.
     library = Path.join(dir, "phoenix_kit_agent_locks")
+    files = Mix.Project.config()[:package][:files]
+    assert Path.basename(Prebuilt.checksum_file(".")) in files
+    assert ".cargo/config.toml" in files
 
-    for path <- Mix.Project.config()[:package][:files] do
+    for path <- files do
       File.mkdir_p!(Path.dirname(Path.join(library, path)))
       File.cp_r!(path, Path.join(library, path))
     end
