@@ -2,6 +2,9 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
   use Mix.Project
 
   @version "0.1.0"
+  # Where the release workflow (.github/workflows/release.yml) publishes the
+  # prebuilt libraries of a version; LOCKS_NIF_BASE_URL overrides it.
+  @source_url "https://github.com/your-org/phoenix_kit_agent_locks"
 
   def project do
     [
@@ -9,17 +12,24 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
       version: @version,
       elixir: "~> 1.14",
       # The project's own compiler (lib/mix/tasks/compile.locks_nif.ex) runs
-      # after Elixir's: it builds native/locks_nif with cargo and installs the
-      # library in priv/native/. No hex package is involved.
+      # after Elixir's: it installs a prebuilt library from the release (as
+      # listed in the checksum file) or builds native/locks_nif with cargo, in
+      # priv/native/. No hex package is involved.
       compilers: Mix.compilers() ++ [:locks_nif],
+      locks_nif_base_url: "#{@source_url}/releases/download/v#{@version}",
       elixirc_paths: elixirc_paths(Mix.env()),
+      # Only the Mix compiler downloads (Mix.Tasks.Compile.LocksNif.Prebuilt,
+      # which starts :inets and :ssl itself): the running application needs
+      # neither, so they are not in extra_applications.
+      xref: [exclude: [:httpc, :inets, :public_key]],
       start_permanent: Mix.env() == :prod,
       deps: [],
       description:
         "The turn locks of PhoenixKitAgent as a Rust NIF over pooled PostgreSQL connections.",
       package: [
         files:
-          ~w(lib native/locks_core native/locks_nif priv/schema.sql Cargo.toml Cargo.lock mix.exs README.md)
+          ~w(lib native/locks_core native/locks_nif priv/schema.sql Cargo.toml Cargo.lock .cargo/config.toml
+             checksum-Elixir.PhoenixKitAgent.Turns.Locks.Native.exs mix.exs README.md)
       ]
     ]
   end

@@ -43,6 +43,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
                 :prepare
               ]
 
+  # Read by the Mix compiler when it builds the library
+  # (Mix.Tasks.Compile.LocksNif.Prebuilt), not here: allowed, and ignored.
+  @build_settings [:build_from_source]
+
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
   @default_timeout 5_000
   @max_timeout 3_600_000
@@ -158,9 +162,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
           message: "invalid configuration: expected a keyword list of settings"
         )
 
-    case Keyword.keys(env) -- @settings do
+    case Keyword.keys(env) -- (@settings ++ @build_settings) do
       [] ->
-        for {key, value} <- env, value != nil, do: {key, check!(key, value, key)}
+        for {key, value} <- Keyword.drop(env, @build_settings),
+            value != nil,
+            do: {key, check!(key, value, key)}
 
       unknown ->
         raise Error,
