@@ -723,7 +723,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       {token, start} = turn.()
 
       try do
-        Native.held(token, start, "not-a-uuid", ub, r)
+        Native.held?(token, start, "not-a-uuid", ub, r)
       rescue
         ArgumentError -> :ok
       end
@@ -736,7 +736,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       {"Native.held/5 (a turn, then the NIF: decode, pool, statement, reply)",
        time.(fn ->
          {token, start} = turn.()
-         true = Native.held(token, start, cb, ub, r)
+         true = Native.held?(token, start, cb, ub, r)
        end)},
       {"Locks.held?/3 (adds the Elixir argument checks)",
        time.(fn -> true = Locks.held?(c, u, r) end)}

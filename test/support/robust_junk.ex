@@ -21,8 +21,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
   @api [
     {:acquire, [:uuid, :uuid, :turn, :ttl], :acquire},
     {:acquire_user, [:uuid, :click, :ttl, :hold], :acquire_user},
-    {:fresh?, [:uuid, :turn, :ttl], :fresh},
-    {:held?, [:uuid, :uuid, :turn], :held},
+    {:fresh?, [:uuid, :turn, :ttl], :fresh?},
+    {:held?, [:uuid, :uuid, :turn], :held?},
     {:keep_user, [:uuid, :click, :ttl, :hold], :keep_user},
     {:release, [:uuid, :uuid, :turn], :release},
     {:release_stale, [:uuid, :uuid, :turn, :ttl], :release_stale},

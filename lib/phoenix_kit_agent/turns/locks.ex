@@ -57,7 +57,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   url: …` (or `DATABASE_URL`), `pool_size`, and the timeouts.
   """
 
-  alias PhoenixKitAgent.Turns.Locks.Native
+  alias PhoenixKitAgent.Turns.Locks.{Native, Observe, Turn}
 
   @typedoc "Why the user's lock was refused: a turn or a click holds it."
   @type user_busy :: :turn_in_flight | :click_in_flight
@@ -156,7 +156,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   def fresh?(conversation_uuid, turn_ref, ttl_s) do
     start = stamp()
 
-    run(:fresh, start, [
+    run(:fresh?, start, [
       uuid!(:conversation_uuid, conversation_uuid),
       turn_ref!(turn_ref),
       ttl!(ttl_s)
@@ -174,7 +174,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   def held?(conversation_uuid, user_uuid, turn_ref) do
     start = stamp()
 
-    run(:held, start, [
+    run(:held?, start, [
       uuid!(:conversation_uuid, conversation_uuid),
       uuid!(:user_uuid, user_uuid),
       turn_ref!(turn_ref)
@@ -253,6 +253,128 @@ defmodule PhoenixKitAgent.Turns.Locks do
     run(:release_user, start, [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
   end
 
+  @doc """
+  Renews a turn's lease: dates both of `turn_ref`'s locks as if taken now,
+  while it holds both and neither is older than `ttl_s` seconds. `true` when
+  it did. A lease that expired is not revived (another turn may be taking it
+  over), and a turn that lost one of its locks keeps neither: it must stop.
+
+  A turn with a short TTL calls this well within it (`with_turn/4` does,
+  every `ttl_s / 3`), so that its locks free themselves soon after its node
+  dies, yet never while it runs.
+
+      Locks.keep(chat, user, "turn-1", 15)
+      # => true
+  """
+  @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
+  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s) do
+    start = stamp()
+
+    run(:keep, start, [
+      uuid!(:conversation_uuid, conversation_uuid),
+      uuid!(:user_uuid, user_uuid),
+      turn_ref!(turn_ref),
+      ttl!(ttl_s)
+    ])
+  end
+
+  @doc """
+  Runs `fun` as a turn: takes both locks under a new turn ref with a lease
+  of `ttl_s` seconds, keeps the lease alive while `fun` runs, and releases
+  both locks when `fun` returns, raises, throws or exits.
+
+  `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn` (its `ref` among other
+  fields). A keeper process (supervised by the library) renews the lease
+  with `keep/4` every `ttl_s / 3`, retrying within the lease after an error.
+  When the lease is lost (it expired, or another turn took a lock over),
+  the turn is *lost*: `lost?/1` answers `true` from then on and the calling
+  process is sent `{:turn_lock_lost, ref}` once; a lost turn must stop, as
+  one whose `held?/3` answered `false`. If the calling process dies, the
+  keeper releases the locks; if the node dies, they free themselves after
+  `ttl_s`; when the application stops, its keepers release theirs.
+
+  Answers `{:ok, result}` when the turn ended holding its locks, `{:lost,
+  result}` when it did not, and `acquire/4`'s `{:error, reason}` (without
+  running `fun`) when the locks stayed refused.
+
+  ## Options
+
+    * `:ttl_s` (required) - the lease, whole seconds: how long the locks
+      outlive a node that died.
+    * `:wait_ms` - how long to keep trying while the locks are refused, with a
+      capped back-off (50 ms doubling to 1 s). Defaults to `0`: one try.
+
+  ## Example
+
+      Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
+        for round <- rounds, not Locks.lost?(turn), do: run(round)
+      end)
+      # => {:ok, [...]}
+  """
+  @spec with_turn(String.t(), String.t(), keyword(), (Turn.t() -> result)) ::
+          {:ok, result} | {:lost, result} | {:error, acquire_error()}
+        when result: term()
+  defdelegate with_turn(conversation_uuid, user_uuid, opts, fun), to: Turn, as: :run
+
+  @doc """
+  Whether a turn of `with_turn/4` lost its locks (read from memory: no query).
+  """
+  @spec lost?(Turn.t()) :: boolean()
+  defdelegate lost?(turn), to: Turn
+
+  @doc """
+  Every lock taken, the oldest first (at most 1000): for an operator to see
+  what is stuck. Each is a map with `:kind` (`:chat` or `:user`), `:uuid`,
+  `:ref` (the holder), `:since` (a UTC `DateTime`), `:age_s` (seconds, by
+  the database's clock) and `:stale` (whether it may be taken over under
+  `ttl_s`). `mix locks.held` prints it as a table.
+
+      Locks.held_locks(120)
+      # => [%{kind: :chat, uuid: "6f1c…", ref: "turn-1", since: ~U[…], age_s: 3.2, stale: false}, …]
+  """
+  @spec held_locks(pos_integer()) :: [
+          %{
+            kind: :chat | :user,
+            uuid: String.t(),
+            ref: String.t(),
+            since: DateTime.t() | nil,
+            age_s: float() | nil,
+            stale: boolean()
+          }
+        ]
+  def held_locks(ttl_s) do
+    start = stamp()
+
+    for {kind, uuid, ref, since, age, stale} <- run(:held_locks, start, [ttl!(ttl_s)]) do
+      since = since && DateTime.from_unix!(since, :microsecond)
+      %{kind: kind, uuid: uuid, ref: ref, since: since, age_s: age, stale: stale}
+    end
+  end
+
+  @doc """
+  What the library is doing: `:pool` (`:size`, the calls that may run at
+  once; `:running`, `:waiting` for a turn; the pool's `:connections` and
+  those `:idle`), `:calls` (by function, the count of each outcome: `:ok`,
+  each refusal reason, each error reason) and `:latency` (by function:
+  `:calls`, `:p50_us`, `:p99_us`, `:max_us`, the upper bounds of
+  power-of-two buckets), since the VM started. Raises `:not_started`
+  without a pool.
+  """
+  @spec status() :: %{pool: map(), calls: map(), latency: map()}
+  def status do
+    pool = Native.status()
+
+    Map.merge(Observe.counts(), %{
+      pool: %{
+        size: pool.capacity,
+        running: pool.running,
+        waiting: pool.waiting,
+        connections: pool.connections,
+        idle: pool.idle
+      }
+    })
+  end
+
   ## Running a call
 
   # The call's one stamp, on the monotonic clock, taken before it queues
@@ -264,7 +386,18 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # scheduler), then runs the NIF with it. A caller beyond them waits here,
   # on a normal scheduler, first come first served, until its checkout
   # deadline: then `leave/1` gives its place up and raises :pool_timeout.
-  defp run(fun, start, args), do: apply(Native, fun, [turn!(start), start | args])
+  # Each call is counted (status/0) and, when the host has :telemetry,
+  # emits :start and :stop (or :exception) events.
+  defp run(function, start, args) do
+    Observe.start(function, start)
+    result = apply(Native, function, [turn!(start), start | args])
+    Observe.stop(function, start, result)
+    result
+  rescue
+    error ->
+      Observe.exception(function, start, error, __STACKTRACE__)
+      reraise error, __STACKTRACE__
+  end
 
   @doc false
   # A turn for a call stamped `start`: its token for the NIF.

@@ -32,6 +32,6 @@ mod tls;
 
 pub use args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 pub use error::{Error, Result};
-pub use outcome::{Acquire, AcquireUser};
+pub use outcome::{Acquire, AcquireUser, HeldLock};
 pub use pool::{Deadline, LockPool};
 pub use settings::{Location, Prepare, Settings, SslMode};

@@ -36,3 +36,20 @@ impl AcquireUser {
         }
     }
 }
+
+/// A lock taken, as `held_locks/1` lists it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HeldLock {
+    /// A chat's lock (`true`) or a user's.
+    pub chat: bool,
+    /// The chat's or the user's uuid, as text.
+    pub id: String,
+    /// The ref that holds it.
+    pub holder: String,
+    /// When it was taken or last re-dated: microseconds since the Unix epoch.
+    pub since_us: Option<i64>,
+    /// How old it is, in seconds by the database's clock.
+    pub age_s: Option<f64>,
+    /// Whether it may be taken over under the TTL asked about.
+    pub stale: bool,
+}

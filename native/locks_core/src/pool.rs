@@ -11,7 +11,7 @@ use tokio_postgres::Row;
 use crate::args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
-use crate::outcome::{Acquire, AcquireUser};
+use crate::outcome::{Acquire, AcquireUser, HeldLock};
 use crate::schema::{self, Column, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Statement, Statements};
@@ -299,6 +299,47 @@ impl LockPool {
             )
             .await?;
         Ok(rows.len() == 1)
+    }
+
+    /// Re-dates both locks of `turn` while it holds both and neither is
+    /// older than `ttl`; `true` when it did ([`sql::KEEP`]).
+    pub async fn keep(
+        &self,
+        deadline: Deadline,
+        chat: &Uuid,
+        user: &Uuid,
+        turn: TurnRef<'_>,
+        ttl: Ttl,
+    ) -> Result<bool> {
+        let rows = self
+            .query(deadline, |s| &s.keep, &[chat, user, &turn.as_str(), &ttl.seconds()])
+            .await?;
+        get(only(&rows)?, 0)
+    }
+
+    /// Every lock taken, oldest first, judged stale by `ttl` ([`sql::HELD_LOCKS`]).
+    pub async fn held_locks(&self, deadline: Deadline, ttl: Ttl) -> Result<Vec<HeldLock>> {
+        let rows = self
+            .query(deadline, |s| &s.held_locks, &[&ttl.seconds()])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(HeldLock {
+                    chat: get::<&str>(row, 0)? == "chat",
+                    id: get(row, 1)?,
+                    holder: get(row, 2)?,
+                    since_us: get(row, 3)?,
+                    age_s: get(row, 4)?,
+                    stale: get(row, 5)?,
+                })
+            })
+            .collect()
+    }
+
+    /// Connections in the pool, and those of them idle.
+    pub fn connections(&self) -> (usize, usize) {
+        let status = self.pool.status();
+        (status.size, status.available)
     }
 
     /// Frees whichever of the two locks `turn` still holds ([`sql::RELEASE`]).

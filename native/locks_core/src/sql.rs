@@ -167,6 +167,44 @@ RETURNING 1",
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
+/// Re-dates both locks of a turn as if taken now: its lease, renewed.
+///
+/// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` TTL. Only while `$3`
+/// holds both and neither is older than `$4`: a lease that expired is not
+/// revived (another turn may take it over any moment), and a turn that lost
+/// one of its locks does not keep the other. `chat` then `usr` lock both rows
+/// (`FOR UPDATE`, the chat row first) with the predicate re-checked on their
+/// newest versions, and the two updates run only when both rows qualified,
+/// so both are re-dated or neither. Returns one row: whether they were.
+pub(crate) const KEEP: Def = Def {
+    text: "
+WITH chat AS (
+  SELECT c.uuid FROM {chats} c
+  WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
+    AND c.busy_since >= {chat_now} - $4::int4 * interval '1 second'
+  FOR UPDATE
+),
+usr AS (
+  SELECT u.user_uuid FROM {users} u
+  WHERE u.user_uuid = $2::uuid AND u.busy_turn_ref = $3::text
+    AND u.busy_since >= {user_now} - $4::int4 * interval '1 second'
+    AND EXISTS (SELECT 1 FROM chat)
+  FOR UPDATE
+),
+kept_chat AS (
+  UPDATE {chats} SET busy_since = {chat_now}
+  WHERE uuid = (SELECT uuid FROM chat) AND EXISTS (SELECT 1 FROM usr)
+  RETURNING 1
+),
+kept_user AS (
+  UPDATE {users} SET busy_since = {user_now}
+  WHERE user_uuid = (SELECT user_uuid FROM usr) AND EXISTS (SELECT 1 FROM chat)
+  RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)",
+    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
+};
+
 /// Frees whichever of the two locks `$3` still holds.
 ///
 /// `$1` chat uuid, `$2` user uuid, `$3` turn ref. Each lock is freed only by
@@ -220,6 +258,34 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
     params: &[Type::UUID, Type::TEXT],
 };
 
+/// Every lock taken, for an operator to see what is stuck: chats and users
+/// whose `busy_turn_ref` names a holder, the oldest first, at most 1000 (a
+/// listing for a person, not an export).
+///
+/// `$1` the TTL to judge staleness by: `stale` is exactly the take-over
+/// predicate (`busy_since < now() - ttl`, or no `busy_since`). `since` is
+/// microseconds since the Unix epoch (a naive `busy_since` holds UTC); `age`
+/// is seconds by the database's clock. A read: it changes nothing.
+pub(crate) const HELD_LOCKS: Def = Def {
+    text: "
+SELECT * FROM (
+  SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
+         (extract(epoch FROM busy_since) * 1000000)::int8 AS since,
+         extract(epoch FROM {chat_now} - busy_since)::float8 AS age,
+         coalesce(busy_since < {chat_now} - $1::int4 * interval '1 second', true) AS stale
+  FROM {chats} WHERE busy_turn_ref IS NOT NULL
+  UNION ALL
+  SELECT 'user', user_uuid::text, busy_turn_ref::text,
+         (extract(epoch FROM busy_since) * 1000000)::int8,
+         extract(epoch FROM {user_now} - busy_since)::float8,
+         coalesce(busy_since < {user_now} - $1::int4 * interval '1 second', true)
+  FROM {users} WHERE busy_turn_ref IS NOT NULL
+) held
+ORDER BY age DESC NULLS FIRST, kind, id
+LIMIT 1000",
+    params: &[Type::INT4],
+};
+
 /// The columns of both tables, as [`Tables::from_columns`] needs them; run
 /// once per pool, before its first lock statement.
 ///
@@ -258,7 +324,9 @@ pub(crate) struct Statements {
     pub acquire_user: Statement,
     pub fresh: Statement,
     pub held: Statement,
+    pub keep: Statement,
     pub keep_user: Statement,
+    pub held_locks: Statement,
     pub release: Statement,
     pub release_stale: Statement,
     pub release_user: Statement,
@@ -294,7 +362,9 @@ impl Statements {
             acquire_user: fill("acquire_user", ACQUIRE_USER),
             fresh: fill("fresh?", FRESH),
             held: fill("held?", HELD),
+            keep: fill("keep", KEEP),
             keep_user: fill("keep_user", KEEP_USER),
+            held_locks: fill("held_locks", HELD_LOCKS),
             release: fill("release", RELEASE),
             release_stale: fill("release_stale", RELEASE_STALE),
             release_user: fill("release_user", RELEASE_USER),
@@ -303,13 +373,15 @@ impl Statements {
 
     /// Every statement.
     #[cfg(test)]
-    pub fn all(&self) -> [&Statement; 8] {
+    pub fn all(&self) -> [&Statement; 10] {
         [
             &self.acquire,
             &self.acquire_user,
             &self.fresh,
             &self.held,
+            &self.keep,
             &self.keep_user,
+            &self.held_locks,
             &self.release,
             &self.release_stale,
             &self.release_user,

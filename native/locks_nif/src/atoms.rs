@@ -16,6 +16,9 @@ rustler::atoms! {
     timeout,
     disconnected,
     statement,
+    // held_locks/1 kinds
+    chat,
+    user,
     // DDL kinds
     tables,
     lock_columns,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use locks_core::admission::{Admission, Gate, Permit, Wake};
 use locks_core::{global, Deadline, Error, LockPool};
-use rustler::{Encoder, Env, LocalPid, NifResult, Term};
+use rustler::{Encoder, Env, LocalPid, NifMap, NifResult, Term};
 
 use crate::atoms;
 use crate::error::raise;
@@ -82,6 +82,32 @@ fn leave(env: Env<'_>, ticket: u64) -> NifResult<()> {
     wake(env, wakes);
     let pool = global::current().map_err(raise)?;
     Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)))
+}
+
+/// What the gate and the pool hold right now, for `status/0`.
+#[derive(NifMap)]
+#[rustler(encode)]
+struct Status {
+    capacity: usize,
+    running: usize,
+    waiting: usize,
+    connections: usize,
+    idle: usize,
+}
+
+/// The gate's turns and the pool's connections (`:not_started` without a pool).
+#[rustler::nif]
+fn status() -> NifResult<Status> {
+    let pool = global::current().map_err(raise)?;
+    let counts = GATE.counts();
+    let (connections, idle) = pool.connections();
+    Ok(Status {
+        capacity: counts.capacity,
+        running: counts.running + counts.granted,
+        waiting: counts.waiting,
+        connections,
+        idle,
+    })
 }
 
 /// A turn in use: given back, and the next waiter woken, when dropped.

@@ -3,7 +3,7 @@
 //! term. Each takes the turn's token and the caller's stamp first (see
 //! `call.rs`), then the arguments of the Elixir function.
 
-use locks_core::{Acquire, AcquireUser};
+use locks_core::{Acquire, AcquireUser, HeldLock};
 use rustler::{Atom, Encoder, Env, NifResult, Term};
 
 use crate::args::{click_ref, hold, ttl, turn_ref, uuid};
@@ -58,7 +58,7 @@ fn acquire_user<'a>(
     )
 }
 
-#[rustler::nif(schedule = "DirtyIo")]
+#[rustler::nif(schedule = "DirtyIo", name = "fresh?")]
 fn fresh<'a>(
     env: Env<'a>,
     token: Term<'a>,
@@ -72,7 +72,7 @@ fn fresh<'a>(
     call.run(|pool, deadline| pool.fresh(deadline, &chat, turn, ttl))
 }
 
-#[rustler::nif(schedule = "DirtyIo")]
+#[rustler::nif(schedule = "DirtyIo", name = "held?")]
 fn held<'a>(
     env: Env<'a>,
     token: Term<'a>,
@@ -84,6 +84,42 @@ fn held<'a>(
     let call = Call::enter(env, token, start)?;
     let (chat, user, turn) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?);
     call.run(|pool, deadline| pool.held(deadline, &chat, &user, turn))
+}
+
+#[rustler::nif(schedule = "DirtyIo")]
+fn keep<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    chat: Term<'a>,
+    user: Term<'a>,
+    turn: Term<'a>,
+    ttl_s: Term<'a>,
+) -> NifResult<bool> {
+    let call = Call::enter(env, token, start)?;
+    let (chat, user, turn, ttl) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?, ttl(ttl_s)?);
+    call.run(|pool, deadline| pool.keep(deadline, &chat, &user, turn, ttl))
+}
+
+/// Every lock taken: `[{:chat | :user, uuid, ref, since_us, age_s, stale}]`.
+#[rustler::nif(schedule = "DirtyIo")]
+fn held_locks<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    ttl_s: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let call = Call::enter(env, token, start)?;
+    let ttl = ttl(ttl_s)?;
+    let locks = call.run(|pool, deadline| pool.held_locks(deadline, ttl))?;
+    Ok(locks
+        .iter()
+        .map(|lock: &HeldLock| {
+            let kind = if lock.chat { atoms::chat() } else { atoms::user() };
+            (kind, &lock.id, &lock.holder, lock.since_us, lock.age_s, lock.stale)
+        })
+        .collect::<Vec<_>>()
+        .encode(env))
 }
 
 #[rustler::nif(schedule = "DirtyIo")]

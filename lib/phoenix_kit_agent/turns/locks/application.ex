@@ -12,7 +12,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
   require Logger
 
-  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Native}
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Native, Observe}
 
   @impl true
   def start(_type, _args) do
@@ -28,7 +28,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
         )
     end
 
-    Supervisor.start_link([], strategy: :one_for_one, name: __MODULE__.Supervisor)
+    Observe.setup()
+
+    # The keepers of with_turn/4's turns: stopped before stop/1 closes the
+    # pool, so each releases its turn's locks on the way out.
+    children = [
+      {DynamicSupervisor, name: PhoenixKitAgent.Turns.Locks.Keepers, strategy: :one_for_one}
+    ]
+
+    Supervisor.start_link(children, strategy: :one_for_one, name: __MODULE__.Supervisor)
   end
 
   @impl true

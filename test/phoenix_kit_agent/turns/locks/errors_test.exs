@@ -5,8 +5,6 @@ defmodule PhoenixKitAgent.Turns.Locks.ErrorsTest do
   # the Elixir module's: see arguments_test.exs.)
   use PhoenixKitAgent.Turns.LockCase, async: true
 
-  @native %{fresh?: :fresh, held?: :held}
-
   # Only the Elixir module refuses these: the NIF can run them.
   @limits_only ["256 bytes", "256 bytes in 128 characters", "above ten years"]
 
@@ -17,8 +15,8 @@ defmodule PhoenixKitAgent.Turns.Locks.ErrorsTest do
     ArgumentError -> :ok
   end
 
-  for {fun, arguments} <- arguments(), native = Map.get(@native, fun, fun) do
-    describe "Native.#{native}/#{length(arguments) + 2}" do
+  for {fun, arguments} <- arguments() do
+    describe "Native.#{fun}/#{length(arguments) + 2}" do
       for {{name, kind}, position} <- Enum.with_index(arguments) do
         test "raises ArgumentError for #{name} terms it cannot use, and changes no row" do
           {args, ids} = call_that_would_write(unquote(fun))
@@ -26,7 +24,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ErrorsTest do
 
           for {what, bad} <- invalid(unquote(kind)), what not in @limits_only do
             args = List.replace_at(args, unquote(position), bad)
-            assert_refused(unquote(native), args, unquote(name), what)
+            assert_refused(unquote(fun), args, unquote(name), what)
           end
 
           assert rows(ids) == before
@@ -47,7 +45,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ErrorsTest do
       assert native(:acquire, [chat2, user, turn_ref(), 60]) == {:error, :turn_in_flight}
       assert native(:acquire_user, [user, click, 60, 10]) == {:error, :turn_in_flight}
 
-      assert {native(:held, [chat1, user, turn]), native(:fresh, [chat1, turn, 60])} ==
+      assert {native(:held?, [chat1, user, turn]), native(:fresh?, [chat1, turn, 60])} ==
                {true, true}
 
       assert native(:release_stale, [chat1, user, turn, 60]) == false
@@ -64,8 +62,8 @@ defmodule PhoenixKitAgent.Turns.Locks.ErrorsTest do
       [c, u] = Enum.map([chat, user], &uuid_bytes/1)
       start = System.monotonic_time(:nanosecond)
 
-      assert_raise ArgumentError, fn -> Native.held(:token, start, c, u, "t") end
-      assert_raise ArgumentError, fn -> Native.held(Locks.turn!(start), :now, c, u, "t") end
+      assert_raise ArgumentError, fn -> Native.held?(:token, start, c, u, "t") end
+      assert_raise ArgumentError, fn -> Native.held?(Locks.turn!(start), :now, c, u, "t") end
     end
   end
 end

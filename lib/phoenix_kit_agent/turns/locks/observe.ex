@@ -1,0 +1,172 @@
+defmodule PhoenixKitAgent.Turns.Locks.Observe do
+  @moduledoc false
+  # What each lock call did, for `Locks.status/0` and for `:telemetry`.
+  #
+  #   * Counters (`:counters`, lock-free): calls by function and outcome, and
+  #     a latency histogram by function (power-of-two buckets of µs).
+  #   * Telemetry, when the host has `:telemetry` (every Phoenix app does),
+  #     looked up once when the application starts, never a compile-time
+  #     dependency: `[:phoenix_kit_agent_locks, function, :start | :stop |
+  #     :exception]`, as :telemetry.span/3 shapes them, and the runner's
+  #     `[:phoenix_kit_agent_locks, :turn, :lost]`. Without it, a call pays one
+  #     `:persistent_term` lookup for it.
+
+  @functions [
+    :acquire,
+    :acquire_user,
+    :fresh?,
+    :held?,
+    :keep,
+    :keep_user,
+    :release,
+    :release_stale,
+    :release_user,
+    :held_locks
+  ]
+  @outcomes [
+    :ok,
+    :conversation_busy,
+    :turn_in_flight,
+    :click_in_flight,
+    :connect,
+    :pool_timeout,
+    :timeout,
+    :disconnected,
+    :statement,
+    :config,
+    :not_started,
+    :nif_not_loaded,
+    :other
+  ]
+  # Bucket i holds the calls that took less than 2^i µs (the last: the rest).
+  @buckets 27
+  @per_function length(@outcomes) + @buckets
+
+  @counters {__MODULE__, :counters}
+  @telemetry {__MODULE__, :telemetry}
+
+  @doc "Makes the counters and looks `:telemetry` up; once, when the application starts."
+  def setup do
+    unless :persistent_term.get(@counters, nil) do
+      counters = :counters.new(length(@functions) * @per_function, [:write_concurrency])
+      :persistent_term.put(@counters, counters)
+    end
+
+    :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
+  end
+
+  @doc "Emits the call's `:start` event (when :telemetry is there)."
+  def start(function, start) do
+    if telemetry?() do
+      measurements = %{monotonic_time: start, system_time: System.system_time()}
+      emit([function, :start], measurements, %{})
+    end
+
+    :ok
+  end
+
+  @doc "Counts an answered call and emits its `:stop` event."
+  def stop(function, start, result) do
+    outcome = outcome(result)
+    duration = count(function, start, outcome)
+    if telemetry?(), do: emit([function, :stop], measures(duration), %{result: outcome})
+    :ok
+  end
+
+  @doc "Counts a failed call and emits its `:exception` event."
+  def exception(function, start, error, stacktrace) do
+    reason = Map.get(error, :reason, :other)
+    duration = count(function, start, if(reason in @outcomes, do: reason, else: :other))
+
+    if telemetry?() do
+      metadata = %{kind: :error, reason: reason, error: error, stacktrace: stacktrace}
+      emit([function, :exception], measures(duration), metadata)
+    end
+
+    :ok
+  end
+
+  @doc "Emits `[:phoenix_kit_agent_locks | event]` (when :telemetry is there)."
+  def event(event, measurements, metadata) do
+    if telemetry?(), do: emit(event, measurements, metadata)
+    :ok
+  end
+
+  defp telemetry?, do: :persistent_term.get(@telemetry, false)
+
+  defp measures(duration), do: %{duration: duration, monotonic_time: System.monotonic_time()}
+
+  # A handler that raises, or a :telemetry application that is not started,
+  # must not fail the lock call.
+  defp emit(event, measurements, metadata) do
+    apply(:telemetry, :execute, [[:phoenix_kit_agent_locks | event], measurements, metadata])
+  catch
+    _, _ -> :ok
+  end
+
+  defp outcome({:error, reason}), do: reason
+  defp outcome(_answered), do: :ok
+
+  # Counts the call; its duration, in native units.
+  defp count(function, start, outcome) do
+    duration = System.monotonic_time() - System.convert_time_unit(start, :nanosecond, :native)
+
+    with counters when counters != nil <- :persistent_term.get(@counters, nil) do
+      base = index(function) * @per_function
+      :counters.add(counters, base + index(outcome, @outcomes) + 1, 1)
+      us = System.convert_time_unit(duration, :native, :microsecond)
+      bucket = min(bit_length(us), @buckets - 1)
+      :counters.add(counters, base + length(@outcomes) + bucket + 1, 1)
+    end
+
+    duration
+  end
+
+  defp bit_length(0), do: 0
+  defp bit_length(n), do: bit_length(Bitwise.bsr(n, 1)) + 1
+
+  for {function, i} <- Enum.with_index(@functions),
+      do: defp(index(unquote(function)), do: unquote(i))
+
+  defp index(item, list), do: Enum.find_index(list, &(&1 == item))
+
+  @doc """
+  `%{calls: %{function => %{outcome => count}}, latency: %{function =>
+  %{calls:, p50_us:, p99_us:, max_us:}}}`, for the functions called so far;
+  latencies are the upper bounds of power-of-two buckets.
+  """
+  def counts do
+    case :persistent_term.get(@counters, nil) do
+      nil ->
+        %{calls: %{}, latency: %{}}
+
+      counters ->
+        rows =
+          for {function, i} <- Enum.with_index(@functions),
+              read =
+                for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
+              Enum.sum(Enum.take(read, length(@outcomes))) > 0,
+              do: {function, Enum.split(read, length(@outcomes))}
+
+        %{
+          calls:
+            Map.new(rows, fn {function, {outcomes, _}} ->
+              {function,
+               for({n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n})}
+            end),
+          latency: Map.new(rows, fn {function, {_, buckets}} -> {function, latency(buckets)} end)
+        }
+    end
+  end
+
+  defp latency(buckets) do
+    total = Enum.sum(buckets)
+    upper = fn i -> Bitwise.bsl(1, i) end
+    rank = fn q -> Enum.find_index(Enum.scan(buckets, &+/2), &(&1 >= q * total)) end
+
+    max =
+      buckets |> Enum.with_index() |> Enum.filter(&(elem(&1, 0) > 0)) |> List.last() |> elem(1)
+
+    %{calls: total, p50_us: upper.(rank.(0.5)), p99_us: upper.(rank.(0.99)), max_us: upper.(max)}
+  end
+end

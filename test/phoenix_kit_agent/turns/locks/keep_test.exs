@@ -1,0 +1,112 @@
+defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
+  use PhoenixKitAgent.Turns.LockCase, async: true
+
+  alias PhoenixKitAgent.Turns.LockCase.SQL
+
+  @ttl 15
+
+  # A turn that holds both locks of a new chat and user, taken `age` seconds ago.
+  defp turn_taken(age) do
+    {chat, user, turn} = {insert_chat!(), new_user(), turn_ref()}
+    :ok = Locks.acquire(chat, user, turn, @ttl)
+    if age > 0, do: backdate!([chat: chat, user: user], age)
+    {chat, user, turn}
+  end
+
+  describe "keep/4" do
+    test "re-dates both locks to the database's now and answers true" do
+      {chat, user, turn} = turn_taken(@ttl - 5)
+
+      assert Locks.keep(chat, user, turn, @ttl) == true
+      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+    end
+
+    test "does not revive an expired lease: false, and neither lock is re-dated" do
+      {chat, user, turn} = turn_taken(@ttl + 1)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.keep(chat, user, turn, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "keeps neither lock when one of them expired" do
+      {chat, user, turn} = turn_taken(0)
+      backdate!([user: user], @ttl + 1)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.keep(chat, user, turn, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "answers false to a turn that lost its chat to another, and changes nothing" do
+      {chat, user, turn} = turn_taken(@ttl + 1)
+      successor = turn_ref("successor")
+      :ok = Locks.acquire(chat, new_user(), successor, @ttl)
+      backdate!([chat: chat], 3)
+      before = rows(chat: chat, user: user)
+
+      assert Locks.keep(chat, user, turn, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+      assert lock(:chat, chat) == {successor, 3}
+    end
+
+    test "answers false to a turn that lost its user's lock to a click, and changes nothing" do
+      {chat, user, turn} = turn_taken(@ttl + 1)
+      click = Locks.click_ref()
+      :ok = Locks.acquire_user(user, click, @ttl, @ttl)
+      backdate!([chat: chat], -(@ttl + 1))
+      before = rows(chat: chat, user: user)
+
+      assert Locks.keep(chat, user, turn, @ttl) == false
+      assert rows(chat: chat, user: user) == before
+    end
+
+    test "answers false once released, and takes nothing" do
+      {chat, user, turn} = turn_taken(0)
+      :ok = Locks.release(chat, user, turn)
+
+      assert Locks.keep(chat, user, turn, @ttl) == false
+      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+    end
+
+    test "a lease that expires while keep/4 waits for its row is not revived; a take-over then wins" do
+      {chat, user, turn} = turn_taken(0)
+      # Another session makes the lease stale and holds the row until keep/4
+      # waits for it: keep/4 re-checks its predicate on the row it then gets.
+      gate = SQL.open!()
+
+      SQL.query!(gate, """
+      BEGIN;
+      UPDATE phoenix_kit_agent_conversations
+      SET busy_since = busy_since - #{@ttl + 1} * interval '1 second' WHERE uuid = '#{chat}'
+      """)
+
+      keeping = Task.async(fn -> Locks.keep(chat, user, turn, @ttl) end)
+
+      waiting = """
+      SELECT count(*) FROM pg_stat_activity
+      WHERE application_name = 'phoenix_kit_agent_locks' AND wait_event_type = 'Lock'
+        AND query LIKE '%busy_since >= %' AND query LIKE '%FOR UPDATE%'
+      """
+
+      assert Enum.any?(1..1_000, fn _ -> sql!(waiting) != [["0"]] end)
+      SQL.query!(gate, "COMMIT")
+      SQL.close(gate)
+
+      assert Task.await(keeping) == false
+      assert lock(:user, user) == {turn, 0}
+      successor = turn_ref("successor")
+      assert Locks.acquire(chat, new_user(), successor, @ttl) == :ok
+      assert lock(:chat, chat) == {successor, 0}
+    end
+
+    test "racing keeps of the holder, each waiting for the row: every one renews the lease" do
+      {chat, user, turn} = turn_taken(@ttl - 1)
+
+      answers = race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl) end)
+
+      assert answers == [true, true, true]
+      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+    end
+  end
+end

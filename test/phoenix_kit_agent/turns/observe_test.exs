@@ -1,0 +1,165 @@
+defmodule PhoenixKitAgent.Turns.ObserveTest do
+  # What an operator sees: held_locks/1 (and `mix locks.held`), status/0,
+  # and the :telemetry events (test/support/telemetry.ex stands in for the
+  # library). On a database of its own, so the listing holds this module's
+  # locks only; async: false, so the counters move by this module's calls.
+  use ExUnit.Case, async: false
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.{AppEnv, Error, Observe, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Pg
+
+  @ttl 60
+
+  setup do
+    AppEnv.restore_on_exit()
+    {_db, url} = Pg.create_database!("observe")
+    :ok = AppEnv.restart(url: url, pool_size: 3)
+    :telemetry.attach()
+    on_exit(fn -> :telemetry.detach() end)
+    %{url: url}
+  end
+
+  defp chat!(url) do
+    chat = TestDB.uuid()
+    TestDB.query!(TestDB.insert_chats_sql([chat]), url)
+    chat
+  end
+
+  defp backdate!(url, table, key, id, seconds) do
+    TestDB.query!(
+      "UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second' WHERE #{key} = '#{id}'",
+      url
+    )
+  end
+
+  describe "held_locks/1" do
+    test "lists every lock taken, the oldest first, with its holder, age and staleness", %{
+      url: url
+    } do
+      assert Locks.held_locks(@ttl) == []
+
+      {chat, user, other_user, click} =
+        {chat!(url), TestDB.uuid(), TestDB.uuid(), Locks.click_ref()}
+
+      :ok = Locks.acquire(chat, user, "turn-1", @ttl)
+      :ok = Locks.acquire_user(other_user, click, @ttl, @ttl)
+      backdate!(url, "phoenix_kit_agent_conversations", "uuid", chat, @ttl + 5)
+      before = DateTime.utc_now()
+
+      assert [
+               %{kind: :chat, uuid: ^chat, ref: "turn-1", stale: true} = stale_chat,
+               %{kind: :user, uuid: ^user, ref: "turn-1", stale: false} = turn_user,
+               %{kind: :user, uuid: ^other_user, ref: ^click, stale: false} = click_user
+             ] = Enum.sort_by(Locks.held_locks(@ttl), &{-&1.age_s, &1.kind})
+
+      assert stale_chat.age_s >= @ttl + 5 and stale_chat.age_s < @ttl + 15
+      assert turn_user.age_s >= 0 and turn_user.age_s < 10
+      assert DateTime.diff(before, turn_user.since, :second) in 0..10
+      assert DateTime.diff(before, stale_chat.since, :second) in (@ttl + 5)..(@ttl + 15)
+      assert click_user.age_s < 10
+
+      # The same locks under a longer TTL are not stale; once released, gone.
+      assert Enum.map(Locks.held_locks(@ttl + 20), & &1.stale) == [false, false, false]
+      :ok = Locks.release(chat, user, "turn-1")
+      assert [%{uuid: ^other_user}] = Locks.held_locks(@ttl)
+    end
+
+    test "mix locks.held prints them as a table", %{url: url} do
+      {chat, user} = {chat!(url), TestDB.uuid()}
+      :ok = Locks.acquire(chat, user, "turn-table", @ttl)
+      Mix.shell(Mix.Shell.Process)
+      on_exit(fn -> Mix.shell(Mix.Shell.IO) end)
+
+      Mix.Tasks.Locks.Held.run(["--ttl", "60"])
+      assert_received {:mix_shell, :info, [table]}
+
+      assert [
+               ["kind", "uuid", "ref", "since", "(UTC)", "age", "stale"],
+               ["chat", ^chat, "turn-table", _since, _age, "s"],
+               ["user", ^user, "turn-table", _, _, "s"]
+             ] = table |> String.split("\n") |> Enum.map(&String.split/1) |> sort_rows()
+    end
+  end
+
+  defp sort_rows([header | rows]), do: [header | Enum.sort(rows)]
+
+  describe "status/0" do
+    test "counts the calls of each function by outcome, and their latency", %{url: url} do
+      {chat, user} = {chat!(url), TestDB.uuid()}
+      before = Locks.status()
+      :ok = Locks.acquire(chat, user, "turn-1", @ttl)
+      {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
+      true = Locks.held?(chat, user, "turn-1")
+      after_ = Locks.status()
+
+      delta = fn function, outcome ->
+        get_in(after_, [:calls, function, outcome]) -
+          (get_in(before, [:calls, function, outcome]) || 0)
+      end
+
+      assert {delta.(:acquire, :ok), delta.(:acquire, :conversation_busy), delta.(:held?, :ok)} ==
+               {1, 1, 1}
+
+      assert %{calls: calls, p50_us: p50, p99_us: p99, max_us: max} = after_.latency.acquire
+      assert calls == Enum.sum(Map.values(after_.calls.acquire))
+      assert p50 <= p99 and p99 <= max and max < 60_000_000
+
+      assert %{size: 3, running: 0, waiting: 0, connections: connections, idle: idle} =
+               after_.pool
+
+      assert connections in 1..3 and idle <= connections
+    end
+
+    test "counts an error by its reason" do
+      before = get_in(Locks.status(), [:calls, :held?, :not_started]) || 0
+      :ok = AppEnv.stop()
+      assert_raise Error, fn -> Locks.held?(TestDB.uuid(), TestDB.uuid(), "t") end
+      assert_raise Error, fn -> Locks.status() end
+      {:ok, _} = Application.ensure_all_started(:phoenix_kit_agent_locks)
+      assert get_in(Locks.status(), [:calls, :held?, :not_started]) == before + 1
+    end
+  end
+
+  describe "telemetry" do
+    test "each call is a span: :start, then :stop naming the result", %{url: url} do
+      {chat, user} = {chat!(url), TestDB.uuid()}
+      :ok = Locks.acquire(chat, user, "turn-1", @ttl)
+      {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
+      false = Locks.fresh?(chat, "turn-2", @ttl)
+
+      for result <- [:ok, :conversation_busy] do
+        assert_received {:telemetry, [:phoenix_kit_agent_locks, :acquire, :start],
+                         %{monotonic_time: t, system_time: _}, %{}}
+
+        assert is_integer(t)
+
+        assert_received {:telemetry, [:phoenix_kit_agent_locks, :acquire, :stop], %{duration: d},
+                         %{result: ^result}}
+
+        assert is_integer(d) and d > 0
+      end
+
+      assert_received {:telemetry, [:phoenix_kit_agent_locks, :fresh?, :stop], _, %{result: :ok}}
+    end
+
+    test "a call that fails is a span ending in :exception, naming the error's reason" do
+      :ok = AppEnv.stop()
+      error = assert_raise Error, fn -> Locks.held?(TestDB.uuid(), TestDB.uuid(), "t") end
+
+      assert_received {:telemetry, [:phoenix_kit_agent_locks, :held?, :exception], %{duration: _},
+                       %{kind: :error, reason: :not_started, error: ^error, stacktrace: [_ | _]}}
+
+      {:ok, _} = Application.ensure_all_started(:phoenix_kit_agent_locks)
+    end
+
+    test "without :telemetry, nothing is emitted and the calls answer the same", %{url: url} do
+      :persistent_term.put({Observe, :telemetry}, false)
+      on_exit(fn -> Observe.setup() end)
+      {chat, user} = {chat!(url), TestDB.uuid()}
+
+      assert Locks.acquire(chat, user, "turn-1", @ttl) == :ok
+      refute_received {:telemetry, _, _, _}
+    end
+  end
+end

@@ -1,0 +1,243 @@
+defmodule PhoenixKitAgent.Turns.TurnTest do
+  # with_turn/4: a turn on a short lease, kept alive by a keeper process,
+  # released however it ends; a turn whose lease is lost is told so. The
+  # keeper's renewals are watched through the :telemetry stand-in
+  # (test/support/telemetry.ex), never by sleeping. async: false: some tests
+  # restart the application (short timeouts, a graceful stop).
+  use ExUnit.Case, async: false
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.{AppEnv, TestDB, Turn}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Psql
+
+  # A 3-second lease: the keeper renews it every second.
+  @ttl 3
+
+  setup do
+    AppEnv.restore_on_exit()
+    :telemetry.attach()
+    on_exit(fn -> :telemetry.detach() end)
+    %{chat: TestDB.insert_chat!(), user: TestDB.uuid()}
+  end
+
+  defp keepers, do: DynamicSupervisor.count_children(Locks.Keepers).active
+
+  defp free?(chat, user),
+    do: {TestDB.lock(:chat, chat), TestDB.lock(:user, user)} == {{nil, nil}, {nil, nil}}
+
+  # Waits for the keeper's next renewal (a keep/4 call) and its result.
+  defp next_keep(timeout \\ 5_000) do
+    receive do
+      {:telemetry, [:phoenix_kit_agent_locks, :keep, :stop], _, %{result: :ok}} ->
+        :kept
+
+      {:telemetry, [:phoenix_kit_agent_locks, :keep, :exception], _, %{reason: reason}} ->
+        {:failed, reason}
+    after
+      timeout -> flunk("no keep/4 within #{timeout} ms")
+    end
+  end
+
+  test "runs fun holding both locks under a new turn ref, and releases them when it returns",
+       %{chat: chat, user: user} do
+    assert {:ok, {ref, true}} =
+             Locks.with_turn(chat, user, [ttl_s: @ttl], fn %Turn{ref: ref} = turn ->
+               assert {turn.conversation_uuid, turn.user_uuid, turn.ttl_s} == {chat, user, @ttl}
+               assert "turn-" <> _ = ref
+               {ref, Locks.held?(chat, user, ref)}
+             end)
+
+    assert free?(chat, user)
+    refute Locks.held?(chat, user, ref)
+    assert keepers() == 0
+  end
+
+  test "renews the lease every ttl_s / 3 while fun runs", %{chat: chat, user: user} do
+    {:ok, ages} =
+      Locks.with_turn(chat, user, [ttl_s: @ttl], fn turn ->
+        for _ <- 1..2 do
+          assert next_keep() == :kept
+          {_ref, age} = TestDB.lock(:chat, chat)
+          refute Locks.lost?(turn)
+          age
+        end
+      end)
+
+    assert ages == [0, 0]
+  end
+
+  test "answers acquire/4's refusal without running fun", %{chat: chat, user: user} do
+    :ok = Locks.acquire(chat, TestDB.uuid(), "other-turn", 60)
+
+    assert Locks.with_turn(chat, user, [ttl_s: @ttl], fn _ -> flunk("ran") end) ==
+             {:error, :conversation_busy}
+
+    :ok = Locks.acquire(TestDB.insert_chat!(), user, "users-other-turn", 60)
+
+    assert Locks.with_turn(TestDB.insert_chat!(), user, [ttl_s: @ttl], fn _ -> flunk("ran") end) ==
+             {:error, :turn_in_flight}
+  end
+
+  test "with wait_ms, tries again while refused, and runs once the chat is free", %{
+    chat: chat,
+    user: user
+  } do
+    holder = TestDB.uuid()
+    :ok = Locks.acquire(chat, holder, "holder", 60)
+    me = self()
+
+    runner =
+      Task.async(fn ->
+        :telemetry.attach()
+        send(me, :attached)
+        Locks.with_turn(chat, user, [ttl_s: @ttl, wait_ms: 10_000], fn turn -> turn.ref end)
+      end)
+
+    assert_receive :attached
+    # The runner's first try was refused: now the holder releases.
+    assert_receive {:telemetry, [:phoenix_kit_agent_locks, :acquire, :stop], _,
+                    %{result: :conversation_busy}},
+                   5_000
+
+    :ok = Locks.release(chat, holder, "holder")
+
+    assert {:ok, "turn-" <> _} = Task.await(runner, 15_000)
+    assert free?(chat, user)
+  end
+
+  test "wait_ms passes: the last refusal is the answer", %{chat: chat, user: user} do
+    :ok = Locks.acquire(chat, TestDB.uuid(), "holder", 60)
+
+    assert Locks.with_turn(chat, user, [ttl_s: @ttl, wait_ms: 200], fn _ -> :ran end) ==
+             {:error, :conversation_busy}
+  end
+
+  test "releases both locks when fun raises, throws or exits, and lets it go on", %{
+    chat: chat,
+    user: user
+  } do
+    assert_raise RuntimeError, "boom", fn ->
+      Locks.with_turn(chat, user, [ttl_s: @ttl], fn _ -> raise "boom" end)
+    end
+
+    assert free?(chat, user)
+
+    assert catch_throw(Locks.with_turn(chat, user, [ttl_s: @ttl], fn _ -> throw(:out) end)) ==
+             :out
+
+    assert free?(chat, user)
+
+    assert catch_exit(Locks.with_turn(chat, user, [ttl_s: @ttl], fn _ -> exit(:gone) end)) ==
+             :gone
+
+    assert free?(chat, user)
+    assert keepers() == 0
+  end
+
+  test "a lease taken over is lost: the caller is told, lost?/1 is true, the result says so",
+       %{chat: chat, user: user} do
+    {:lost, ref} =
+      Locks.with_turn(chat, user, [ttl_s: @ttl], fn turn ->
+        # As if this node had stalled past its lease: another turn takes over.
+        TestDB.backdate!(:chat, chat, @ttl + 1)
+        TestDB.backdate!(:user, user, @ttl + 1)
+        :ok = Locks.acquire(chat, user, "successor", @ttl)
+
+        assert_receive {:turn_lock_lost, ref}, 5_000
+        assert ref == turn.ref
+        assert Locks.lost?(turn)
+        ref
+      end)
+
+    assert_received {:telemetry, [:phoenix_kit_agent_locks, :turn, :lost], %{},
+                     %{ref: ^ref, conversation_uuid: ^chat}}
+
+    # The successor's locks are left alone.
+    assert {"successor", _age} = TestDB.lock(:chat, chat)
+    assert {"successor", _age} = TestDB.lock(:user, user)
+  end
+
+  test "a renewal that fails for a transient error is tried again within the lease", %{
+    chat: chat,
+    user: user
+  } do
+    # Calls cut off after 0.6 s; a 6-second lease, renewed every 2 s.
+    :ok =
+      AppEnv.restart(
+        url: TestDB.url(),
+        checkout_timeout: 200,
+        connect_timeout: 200,
+        statement_timeout: 200
+      )
+
+    psql = Psql.open!(TestDB.url())
+
+    assert {:ok, :kept_after_a_timeout} =
+             Locks.with_turn(chat, user, [ttl_s: 6], fn turn ->
+               # The user's row is held by another session: the next renewal
+               # waits for it and times out.
+               Psql.query!(
+                 psql,
+                 "BEGIN; SELECT 1 FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}' FOR UPDATE"
+               )
+
+               assert next_keep(5_000) == {:failed, :timeout}
+               Psql.query!(psql, "ROLLBACK")
+               # Tried again (on a new connection: the timed-out one was
+               # closed) until it renews, well within the lease.
+               assert Enum.find(1..5, fn _ -> next_keep(5_000) == :kept end)
+               refute Locks.lost?(turn)
+               :kept_after_a_timeout
+             end)
+
+    Psql.close(psql)
+    assert free?(chat, user)
+  end
+
+  test "a killed caller leaves no keeper running and no lock", %{chat: chat, user: user} do
+    me = self()
+
+    caller =
+      spawn(fn ->
+        Locks.with_turn(chat, user, [ttl_s: 60], fn turn ->
+          send(me, {:running, turn.ref})
+          Process.sleep(:infinity)
+        end)
+      end)
+
+    assert_receive {:running, ref}, 5_000
+    assert Locks.held?(chat, user, ref)
+    assert keepers() == 1
+    Process.exit(caller, :kill)
+
+    assert Enum.any?(1..500, fn _ -> keepers() == 0 and free?(chat, user) end)
+  end
+
+  test "a graceful stop of the application releases the running turns' locks", %{
+    chat: chat,
+    user: user
+  } do
+    me = self()
+
+    spawn(fn ->
+      Locks.with_turn(chat, user, [ttl_s: 60], fn turn ->
+        send(me, {:running, turn.ref})
+        Process.sleep(:infinity)
+      end)
+    end)
+
+    assert_receive {:running, ref}, 5_000
+    assert Locks.held?(chat, user, ref)
+    :ok = AppEnv.stop()
+
+    assert free?(chat, user)
+  end
+
+  test "bad options raise ArgumentError" do
+    for opts <- [[], [ttl_s: 0], [ttl_s: 3, wait_ms: -1], [ttl_s: 3, tll: 1]] do
+      assert_raise ArgumentError, fn ->
+        Locks.with_turn(TestDB.uuid(), TestDB.uuid(), opts, fn _ -> :ok end)
+      end
+    end
+  end
+end
