@@ -75,14 +75,19 @@ pub(crate) struct Connector {
     backoff: Arc<Mutex<Backoff>>,
 }
 
-/// An open connection: its client, the task that drives its socket, and
-/// the statements prepared on it.
+/// An open connection: its client, the task that drives its socket, the
+/// statements prepared on it, and when it last wrote and heard back.
 pub(crate) struct Conn {
     pub client: Client,
     /// Aborted on drop, which drops the socket: the connection is reset.
     task: JoinHandle<()>,
     /// Named prepared statements, by the name of the call that runs them.
     pub prepared: Vec<(&'static str, tokio_postgres::Statement)>,
+    /// When a statement was last sent on it.
+    pub sent: Instant,
+    /// When the server last answered on it (the login, at first): the last
+    /// time its network path is known to have worked.
+    pub answered: Instant,
 }
 
 impl Drop for Conn {
@@ -178,10 +183,13 @@ impl Connector {
                 (client, tokio::spawn(async move { drop(connection.await) }))
             }
         };
+        let now = Instant::now();
         Ok(Conn {
             client,
             task,
             prepared: Vec::new(),
+            sent: now,
+            answered: now,
         })
     }
 
