@@ -439,23 +439,26 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     end
   end
 
-  # Calls `fun` in a tight loop for `ms`: `[{milliseconds, answer}]`.
-  defp hammer(ms, fun) do
-    until = System.monotonic_time(:millisecond) + ms
+  # Calls `fun` in a tight loop for `ms`: `[{milliseconds, answer}]`, every
+  # call started within the time (the last one too, even if it ends after).
+  defp hammer(ms, fun), do: hammer(System.monotonic_time(:millisecond) + ms, fun, [])
 
-    Stream.repeatedly(fn -> timed(fun) end)
-    |> Enum.take_while(fn _ -> System.monotonic_time(:millisecond) < until end)
+  defp hammer(until, fun, acc) do
+    if System.monotonic_time(:millisecond) < until,
+      do: hammer(until, fun, [timed(fun) | acc]),
+      else: Enum.reverse(acc)
   end
 
-  # Every call failed with :connect, fast. The calls that made an attempt
-  # are the connections the proxy saw: `expected` of them, spaced by the
-  # doubling back-off. Every other call carries the message of the attempt
-  # before it and the time left until the next.
+  # Every call failed with :connect, fast (well within the connect timeout
+  # it would wait on a hung attempt). The calls that made an attempt are the
+  # connections the proxy saw: `expected` of them, spaced by the doubling
+  # back-off, among many calls. Every other call carries the message of the
+  # attempt before it and the time left until the next.
   defp assert_backed_off(answers, attempts, expected) do
     messages =
       for {ms, answer} <- answers do
         assert {:error, %Error{reason: :connect, message: message, sqlstate: nil}} = answer
-        assert ms < 500
+        assert ms < @slack_ms
         message
       end
 
@@ -475,7 +478,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
     assert tried == length(attempts)
     assert tried in expected
-    assert length(answers) > 20 * tried
+    assert length(answers) >= 10 * tried
 
     # Each pause doubles from 50 ms, less up to a quarter of it at random.
     gaps =
