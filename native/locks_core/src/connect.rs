@@ -293,12 +293,13 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// The error to fail with instead of connecting, while a pause lasts.
+    /// The time left is rounded up: a refusal never says "0 ms".
     fn refusal(&self, now: Instant) -> Option<Error> {
         let retry_at = self.retry_at.filter(|at| *at > now)?;
         Some(Error::Connect(format!(
             "{} (not retried for {} ms)",
             self.last.as_deref().unwrap_or("the last attempt failed"),
-            retry_at.duration_since(now).as_millis()
+            retry_at.duration_since(now).as_nanos().div_ceil(1_000_000)
         )))
     }
 
@@ -405,6 +406,16 @@ mod tests {
             "{message:?}"
         );
         assert!(backoff.refusal(start + BACKOFF_MAX).is_none());
+        let last_moment = backoff.retry_at.map(|at| at - Duration::from_nanos(1));
+        let message = last_moment
+            .and_then(|now| backoff.refusal(now))
+            .map(|e| e.to_string());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.ends_with("(not retried for 1 ms)")),
+            "{message:?}"
+        );
 
         backoff.succeeded();
         assert!(backoff.refusal(start).is_none());
