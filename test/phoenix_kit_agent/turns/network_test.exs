@@ -5,7 +5,10 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
   # end sessions or refuse new ones. Each test restarts the application on
   # the proxy's URL with an application_name of its own (so its backends can
   # be found in pg_stat_activity) and small timeouts: every call is cut off
-  # after checkout + connect + statement timeouts, 3 s.
+  # after checkout + connect + statement timeouts, 5 s. (The checkout and
+  # connect timeouts are 2 s rather than 1 s: on a loaded 2-core machine a
+  # dirty scheduler or a login through the proxy has been seen to wait
+  # about a second, which would fail a test before it tested anything.)
   #
   # What they prove: a connection in an unknown state is never used again
   # (the proxy shows no bytes on it after the failure), a timed-out
@@ -19,8 +22,8 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
   @moduletag :network
 
-  @timeouts [connect_timeout: 1_000, checkout_timeout: 1_000, statement_timeout: 1_000]
-  @call_ms 3_000
+  @timeouts [connect_timeout: 2_000, checkout_timeout: 2_000, statement_timeout: 1_000]
+  @call_ms 5_000
   # What a timed-out call may take beyond its deadline on a noisy 2-core machine.
   @slack_ms 1_000
   @timeout_message "timed out after #{@call_ms} ms waiting for the database"
@@ -398,7 +401,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
       answers = hammer(1_000, call)
       attempts = Proxy.connections(proxy)
-      assert_backed_off(answers, attempts, 3..5)
+      assert_backed_off(answers, attempts, 3..6)
 
       assert Enum.uniq(
                for {_, {:error, e}} <- answers,
@@ -420,7 +423,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       answers = hammer(1_000, call)
       attempts = Proxy.connections(proxy)
       assert Enum.all?(attempts, &(&1.client == :refused))
-      assert_backed_off(answers, attempts, 3..5)
+      assert_backed_off(answers, attempts, 3..6)
 
       :ok = Proxy.restore(proxy)
       assert_recovers(call)
@@ -435,7 +438,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
       answers = hammer(400, call)
       attempts = Enum.filter(Proxy.connections(proxy), &(&1.accepted_at >= since))
-      assert_backed_off(answers, attempts, 2..4)
+      assert_backed_off(answers, attempts, 2..5)
     end
   end
 
@@ -452,8 +455,10 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
   # Every call failed with :connect, fast (well within the connect timeout
   # it would wait on a hung attempt). The calls that made an attempt are the
   # connections the proxy saw: `expected` of them, spaced by the doubling
-  # back-off, among many calls. Every other call carries the message of the
-  # attempt before it and the time left until the next.
+  # back-off, among many calls. (In a 1 s loop that is 5 at most, at 0, 50,
+  # 150, 350 and 750 ms, less the jitter; a 6th when the last call, started
+  # in time, ran late on a loaded machine.) Every other call carries the
+  # message of the attempt before it and the time left until the next.
   defp assert_backed_off(answers, attempts, expected) do
     messages =
       for {ms, answer} <- answers do
@@ -467,7 +472,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
         case Regex.run(~r/\A(.*) \(not retried for (\d+) ms\)\z/, message) do
           [_, previous, left] ->
             assert previous == last
-            assert String.to_integer(left) in 0..@backoff_max_ms
+            assert String.to_integer(left) in 1..@backoff_max_ms
             {tried, last}
 
           nil ->
@@ -489,7 +494,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
     for {gap, i} <- Enum.with_index(gaps) do
       nominal = min(50 * 2 ** i, @backoff_max_ms)
-      assert gap in div(nominal * 3, 4)..(nominal + 500), inspect(gaps)
+      assert gap in div(nominal * 3, 4)..(nominal + @slack_ms), inspect(gaps)
     end
   end
 
