@@ -75,14 +75,19 @@ pub(crate) struct Connector {
     backoff: Arc<Mutex<Backoff>>,
 }
 
-/// An open connection: its client, the task that drives its socket, and
-/// the statements prepared on it.
+/// An open connection: its client, the task that drives its socket, the
+/// statements prepared on it, and when it last wrote and heard back.
 pub(crate) struct Conn {
     pub client: Client,
     /// Aborted on drop, which drops the socket: the connection is reset.
     task: JoinHandle<()>,
     /// Named prepared statements, by the name of the call that runs them.
     pub prepared: Vec<(&'static str, tokio_postgres::Statement)>,
+    /// When a statement was last sent on it.
+    pub sent: Instant,
+    /// When the server last answered on it (the login, at first): the last
+    /// time its network path is known to have worked.
+    pub answered: Instant,
 }
 
 impl Drop for Conn {
@@ -178,10 +183,13 @@ impl Connector {
                 (client, tokio::spawn(async move { drop(connection.await) }))
             }
         };
+        let now = Instant::now();
         Ok(Conn {
             client,
             task,
             prepared: Vec::new(),
+            sent: now,
+            answered: now,
         })
     }
 
@@ -285,12 +293,13 @@ pub(crate) struct Backoff {
 
 impl Backoff {
     /// The error to fail with instead of connecting, while a pause lasts.
+    /// The time left is rounded up: a refusal never says "0 ms".
     fn refusal(&self, now: Instant) -> Option<Error> {
         let retry_at = self.retry_at.filter(|at| *at > now)?;
         Some(Error::Connect(format!(
             "{} (not retried for {} ms)",
             self.last.as_deref().unwrap_or("the last attempt failed"),
-            retry_at.duration_since(now).as_millis()
+            retry_at.duration_since(now).as_nanos().div_ceil(1_000_000)
         )))
     }
 
@@ -397,6 +406,16 @@ mod tests {
             "{message:?}"
         );
         assert!(backoff.refusal(start + BACKOFF_MAX).is_none());
+        let last_moment = backoff.retry_at.map(|at| at - Duration::from_nanos(1));
+        let message = last_moment
+            .and_then(|now| backoff.refusal(now))
+            .map(|e| e.to_string());
+        assert!(
+            message
+                .as_deref()
+                .is_some_and(|m| m.ends_with("(not retried for 1 ms)")),
+            "{message:?}"
+        );
 
         backoff.succeeded();
         assert!(backoff.refusal(start).is_none());

@@ -43,8 +43,9 @@ impl Deadline {
 /// builds the statements; from then on a call is one round trip. A call
 /// that times out, or loses its connection, closes that connection (it is
 /// never handed to another call), cancels its statement on the server, and
-/// closes the idle connections opened before it, which went through the same
-/// network path: the next calls get new ones.
+/// closes every idle connection that has not heard from the server since
+/// that statement was sent: they went through the same network path, now
+/// in doubt, whenever they were opened. The next calls get new ones.
 pub struct LockPool {
     pool: managed::Pool<Manager>,
     connector: Connector,
@@ -153,16 +154,23 @@ impl LockPool {
     /// Takes a connection out of the pool for good, in an unknown state (its
     /// statement may still be running, or be on its way): closes it, asks
     /// the server to cancel the statement when `cancel`, and closes the idle
-    /// connections opened before it.
+    /// connections that have not heard from the server since the statement
+    /// was sent.
+    ///
+    /// Not "the connections opened before it": a connection opened just
+    /// after it, but before the path went silent, is as dead, and the next
+    /// call would wait its whole timeout on it. A connection that answered
+    /// after the statement was sent (a login, another call) has shown that
+    /// its path still worked, and stays.
     async fn discard(&self, conn: Object<Manager>, cancel: bool) {
-        let opened = Object::metrics(&conn).created;
         let conn = Object::take(conn);
+        let sent = conn.sent;
         if cancel {
             self.connector
                 .cancel_in_background(conn.client.cancel_token());
         }
         drop(conn);
-        let _ = self.pool.retain(|_, metrics| metrics.created > opened);
+        let _ = self.pool.retain(|idle, _| idle.answered > sent);
         // Let the runtime drop the aborted connection tasks now, which
         // resets their sockets, rather than at the next call.
         crate::global::catch_up().await;
@@ -401,9 +409,25 @@ impl LockPool {
     }
 }
 
-/// Runs `statement` on `conn`: by name (prepared on the connection the first
-/// time) or unnamed, with its parameters' types, in one round trip.
+/// Runs `statement` on `conn` ([`send`]), noting when it was sent and, unless
+/// the connection was lost, when the server answered (see `discard`).
 async fn run(
+    conn: &mut Conn,
+    prepare: Prepare,
+    statement: &Statement,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>> {
+    conn.sent = Instant::now();
+    let rows = send(conn, prepare, statement, params).await;
+    if !matches!(rows, Err(Error::Disconnected(_))) {
+        conn.answered = Instant::now();
+    }
+    rows
+}
+
+/// Sends `statement` on `conn`: by name (prepared on the connection the first
+/// time) or unnamed, with its parameters' types, in one round trip.
+async fn send(
     conn: &mut Conn,
     prepare: Prepare,
     statement: &Statement,
