@@ -12,10 +12,14 @@ defmodule Mix.Tasks.Locks.Demo do
     4. a turn's node dies: after the TTL another turn takes the chat over,
        the dead turn sees `held?` false and its late release frees nothing;
     5. the leftovers of a lost turn are cleaned by `release_stale/4`, exactly
-       once though two nodes try.
+       once though two nodes try;
+    6. a turn run by `with_turn/4` on a 5-second lease, kept alive while it
+       runs, dies with its node (its process and its keeper are killed): the
+       chat is free again within the lease, not after a whole turn's TTL.
 
   Time passing is shown by backdating `busy_since` in SQL (through `psql`),
-  not by waiting a TTL. `scripts/demo` runs this on a private cluster.
+  not by waiting a TTL, but in the last part, which waits out the 5-second
+  lease for real. `scripts/demo` runs this on a private cluster.
   """
 
   use Mix.Task
@@ -205,6 +209,59 @@ defmodule Mix.Tasks.Locks.Demo do
     |> Enum.each(fn {node, result} ->
       step.(node, "release_stale(turn-6)", result, [{:chat, chat_a}, {:user, alice}])
     end)
+
+    say.("6. turn-7 runs with with_turn/4 on a 5-second lease, kept every 5/3 s; its node dies")
+    me = self()
+
+    runner =
+      spawn(fn ->
+        Locks.with_turn(chat_b, alice, [ttl_s: 5], fn turn ->
+          send(me, {:running, turn})
+          Process.sleep(:infinity)
+        end)
+      end)
+
+    turn = receive(do: ({:running, turn} -> turn))
+
+    IO.puts(
+      "#{db_now(db)}  turn-7 (alice)         runs as #{String.slice(turn.ref, 0, 12)}…  " <>
+        state(db, names, [{:chat, chat_b}])
+    )
+
+    Process.sleep(3_500)
+
+    IO.puts(
+      "#{db_now(db)}  … 3.5 s later, kept alive by its keeper  " <>
+        state(db, names, [{:chat, chat_b}])
+    )
+
+    # Nothing releases: as when the whole node goes down.
+    Process.exit(turn.keeper, :kill)
+    Process.exit(runner, :kill)
+    died = System.monotonic_time(:millisecond)
+    IO.puts("#{db_now(db)}  turn-7's node dies (its process and its keeper killed)")
+
+    try_turn = fn -> Locks.acquire(chat_b, bob, "turn-8", 5) end
+    step.("turn-8 (bob)", "acquire(chat B, bob, ttl 5)", try_turn.(), [{:chat, chat_b}])
+
+    free =
+      Enum.find_value(
+        Stream.repeatedly(fn -> Process.sleep(250) && try_turn.() end),
+        &(&1 == :ok)
+      )
+
+    waited = (System.monotonic_time(:millisecond) - died) / 1_000
+
+    step.("turn-8 (bob)", "acquire(chat B, bob, ttl 5)", free && :ok, [
+      {:chat, chat_b},
+      {:user, bob}
+    ])
+
+    IO.puts(
+      "#{db_now(db)}  chat B was free again #{Float.round(waited, 1)} s after turn-7's node died (lease: 5 s, last kept ≤ 5/3 s before)"
+    )
+
+    Locks.release(chat_b, bob, "turn-8")
 
     IO.puts("\nDone: every answer above is one SQL statement, timed by the database.")
   end

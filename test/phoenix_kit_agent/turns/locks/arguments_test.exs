@@ -35,7 +35,15 @@ defmodule PhoenixKitAgent.Turns.Locks.ArgumentsTest do
   # call changes the rows it was refused (fresh? and held? only read).
   describe "the calls refused above, with valid arguments" do
     test "change the rows they were set up to change" do
-      for fun <- [:acquire, :acquire_user, :keep_user, :release, :release_stale, :release_user] do
+      for fun <- [
+            :acquire,
+            :acquire_user,
+            :keep,
+            :keep_user,
+            :release,
+            :release_stale,
+            :release_user
+          ] do
         {args, ids} = call_that_would_write(fun)
         before = rows(ids)
 
