@@ -70,6 +70,43 @@ defmodule PhoenixKitAgent.Turns.LockCase do
 
   def uuid_bytes(term), do: term
 
+  # How much older than expected a lock may be when it is read: the seconds
+  # a loaded machine may take between the call that dated it and the read.
+  @age_slack 2
+
+  @doc """
+  Asserts that the locks of `ids` (as `locks/1` takes them) are `expected`:
+  the same holders, and each age (whole seconds) from the expected one to
+  #{@age_slack} s more, since time passes between a call and the read. A
+  lock dated anew (0 s) where an old one was expected, or the other way
+  round, still fails.
+  """
+  def assert_locks(ids, expected) do
+    actual = locks(ids)
+
+    matches? =
+      length(actual) == length(expected) and
+        Enum.all?(Enum.zip(actual, expected), fn
+          {{kind, {ref, age}}, {kind, {ref, want}}} when is_integer(want) ->
+            is_integer(age) and age >= want and age <= want + @age_slack
+
+          {{kind, lock}, {kind, lock}} ->
+            true
+
+          _ ->
+            false
+        end)
+
+    ExUnit.Assertions.assert(matches?,
+      message: "locks differ (ages may be up to #{@age_slack} s older)",
+      left: actual,
+      right: expected
+    )
+  end
+
+  @doc "As `assert_locks/2`, for one row: `expected` is what `lock/2` answers."
+  def assert_lock(kind, id, expected), do: assert_locks([{kind, id}], [{kind, expected}])
+
   @doc "A new turn ref, never used before in this VM."
   def turn_ref(label \\ "turn"), do: "#{label}-#{System.unique_integer([:positive])}"
 

@@ -10,13 +10,13 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       turn = turn_ref()
 
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "creates the user's settings row when the user has none" do
       chat = insert_chat!()
       user = new_user()
-      assert lock(:user, user) == nil
+      assert_lock(:user, user, nil)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == :ok
       assert settings_rows(user) == 1
@@ -29,7 +29,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       turn = turn_ref()
 
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
-      assert lock(:user, user) == {turn, 0}
+      assert_lock(:user, user, {turn, 0})
       assert settings_rows(user) == 1
     end
 
@@ -41,8 +41,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
 
       assert Locks.acquire(chat, user2, turn2, @ttl) == {:error, :conversation_busy}
 
-      assert locks(chat: chat, user: user1, user: user2) ==
-               [chat: {turn1, 0}, user: {turn1, 0}, user: nil]
+      assert_locks([chat: chat, user: user1, user: user2],
+        chat: {turn1, 0},
+        user: {turn1, 0},
+        user: nil
+      )
     end
 
     test "tries the chat first: a busy chat never creates the user's settings row" do
@@ -51,7 +54,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       user = new_user()
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :conversation_busy}
-      assert lock(:user, user) == nil
+      assert_lock(:user, user, nil)
     end
 
     test "tries the chat first: a busy chat leaves the user's row untouched, even a stale lock" do
@@ -67,7 +70,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :conversation_busy}
       # Same lock, same busy_since to the microsecond, same row version.
       assert rows(user: user) == [user: before]
-      assert lock(:user, user) == {old_turn, @ttl + 10}
+      assert_lock(:user, user, {old_turn, @ttl + 10})
     end
 
     test "answers :turn_in_flight while a turn of the same user runs in another chat, and leaves that chat free" do
@@ -78,8 +81,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
 
       assert Locks.acquire(chat2, user, turn2, @ttl) == {:error, :turn_in_flight}
 
-      assert locks(chat: chat2, chat: chat1, user: user) ==
-               [chat: {nil, nil}, chat: {turn1, 0}, user: {turn1, 0}]
+      assert_locks([chat: chat2, chat: chat1, user: user],
+        chat: {nil, nil},
+        chat: {turn1, 0},
+        user: {turn1, 0}
+      )
     end
 
     test "answers :click_in_flight while a click holds the user's lock, and leaves the chat free" do
@@ -89,7 +95,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       :ok = Locks.acquire_user(user, click, @ttl, 30)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :click_in_flight}
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {click, @ttl - 30}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {click, @ttl - 30})
     end
 
     test "takes neither lock when the user's is refused: a stale chat lock stays as it was" do
@@ -106,7 +112,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :turn_in_flight}
       assert [chat: %{ref: ^lost, since: since}] = rows(chat: chat)
       assert since == before.since
-      assert lock(:user, user) == {running, 0}
+      assert_lock(:user, user, {running, 0})
     end
 
     test "takes over a chat lock as soon as it is older than its TTL" do
@@ -118,9 +124,9 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       backdate!([chat: chat], @ttl)
 
       assert Locks.acquire(chat, user2, turn, @ttl) == :ok
-      assert locks(chat: chat, user: user2) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user2], chat: {turn, 0}, user: {turn, 0})
       # The lost turn's user lock is another row: it stays the lost turn's.
-      assert lock(:user, user1) == {lost, 0}
+      assert_lock(:user, user1, {lost, 0})
     end
 
     test "does not take over a chat lock one second short of its TTL" do
@@ -131,7 +137,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       backdate!([chat: chat], @ttl - 1)
 
       assert Locks.acquire(chat, user2, turn_ref(), @ttl) == {:error, :conversation_busy}
-      assert locks(chat: chat, user: user2) == [chat: {turn1, @ttl - 1}, user: nil]
+      assert_locks([chat: chat, user: user2], chat: {turn1, @ttl - 1}, user: nil)
     end
 
     test "takes over a user lock as soon as it is older than its TTL, left by a turn in another chat" do
@@ -143,8 +149,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
 
       assert Locks.acquire(chat2, user, turn, @ttl) == :ok
 
-      assert locks(chat: chat2, user: user, chat: chat1) ==
-               [chat: {turn, 0}, user: {turn, 0}, chat: {lost, 0}]
+      assert_locks([chat: chat2, user: user, chat: chat1],
+        chat: {turn, 0},
+        user: {turn, 0},
+        chat: {lost, 0}
+      )
     end
 
     test "does not take over a user lock one second short of its TTL" do
@@ -155,7 +164,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       backdate!([user: user], @ttl - 1)
 
       assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
-      assert locks(chat: chat2, user: user) == [chat: {nil, nil}, user: {turn1, @ttl - 1}]
+      assert_locks([chat: chat2, user: user], chat: {nil, nil}, user: {turn1, @ttl - 1})
     end
 
     test "takes over a click's user lock older than the TTL" do
@@ -166,7 +175,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       backdate!([user: user], @ttl + 1)
 
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "measures age against the caller's ttl_s" do
@@ -178,7 +187,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
 
       assert Locks.acquire(chat, user2, turn_ref(), 31) == {:error, :conversation_busy}
       assert Locks.acquire(chat, user2, turn, 29) == :ok
-      assert lock(:chat, chat) == {turn, 0}
+      assert_lock(:chat, chat, {turn, 0})
     end
 
     test "answers :conversation_busy for a conversation uuid with no row, and creates no settings row" do
@@ -187,7 +196,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       assert Locks.acquire(TestDB.uuid(), user, turn_ref(), @ttl) ==
                {:error, :conversation_busy}
 
-      assert lock(:user, user) == nil
+      assert_lock(:user, user, nil)
     end
 
     test "addresses the same rows whatever the letter case of the uuids" do
@@ -196,7 +205,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       turn = turn_ref()
 
       assert Locks.acquire(String.upcase(chat), String.upcase(user), turn, @ttl) == :ok
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
 
       assert Locks.acquire(chat, new_user(), turn_ref(), @ttl) == {:error, :conversation_busy}
       assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
@@ -208,10 +217,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       turn = turn_ref()
       :ok = Locks.acquire(chat, user, turn, @ttl)
       backdate!([chat: chat, user: user], 30)
-      assert locks(chat: chat, user: user) == [chat: {turn, 30}, user: {turn, 30}]
+      assert_locks([chat: chat, user: user], chat: {turn, 30}, user: {turn, 30})
 
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "holds no connection, transaction or advisory lock for a running turn" do
@@ -240,7 +249,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       :ok = Locks.release(chat, user, turn1)
 
       assert Locks.acquire(chat, user, turn2, @ttl) == :ok
-      assert locks(chat: chat, user: user) == [chat: {turn2, 0}, user: {turn2, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn2, 0}, user: {turn2, 0})
     end
   end
 end

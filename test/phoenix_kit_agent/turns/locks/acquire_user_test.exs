@@ -10,7 +10,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       click = Locks.click_ref()
 
       assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
     end
 
     test "dates the lock as taken now when hold_s equals ttl_s" do
@@ -18,7 +18,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       click = Locks.click_ref()
 
       assert Locks.acquire_user(user, click, @ttl, @ttl) == :ok
-      assert lock(:user, user) == {click, 0}
+      assert_lock(:user, user, {click, 0})
     end
 
     test "creates the user's settings row when the user has none, and only that row" do
@@ -35,7 +35,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       click = Locks.click_ref()
 
       assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
     end
 
     test "is refused with :turn_in_flight while a turn of the user runs, and changes nothing" do
@@ -47,7 +47,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
                {:error, :turn_in_flight}
 
-      assert locks(user: user, chat: chat) == [user: {turn, 0}, chat: {turn, 0}]
+      assert_locks([user: user, chat: chat], user: {turn, 0}, chat: {turn, 0})
     end
 
     test "never takes over a turn's lock before the TTL, however short the hold" do
@@ -58,7 +58,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       backdate!([user: user], @ttl - 1)
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, 1) == {:error, :turn_in_flight}
-      assert lock(:user, user) == {turn, @ttl - 1}
+      assert_lock(:user, user, {turn, @ttl - 1})
     end
 
     test "takes over a turn's lock older than the TTL (its node went down)" do
@@ -69,7 +69,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       backdate!([user: user], @ttl + 1)
 
       assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
     end
 
     test "is refused with :click_in_flight while another click holds the lock, and changes nothing" do
@@ -92,7 +92,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
 
       backdate!([user: user], 1)
       assert Locks.acquire_user(user, click2, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click2, @ttl - @hold}
+      assert_lock(:user, user, {click2, @ttl - @hold})
     end
 
     test "blocks a turn for hold_s seconds, after which the turn takes the lock over" do
@@ -104,11 +104,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
       backdate!([user: user], @hold - 1)
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
-      assert lock(:chat, chat) == {nil, nil}
+      assert_lock(:chat, chat, {nil, nil})
 
       backdate!([user: user], 1)
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "taking the lock again with the click that holds it succeeds and re-dates it" do
@@ -116,10 +116,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       click = Locks.click_ref()
       :ok = Locks.acquire_user(user, click, @ttl, @hold)
       backdate!([user: user], 5)
-      assert lock(:user, user) == {click, @ttl - @hold + 5}
+      assert_lock(:user, user, {click, @ttl - @hold + 5})
 
       assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
     end
 
     test "takes the lock in a row freed by release_user/2" do
@@ -129,7 +129,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       :ok = Locks.release_user(user, click1)
 
       assert Locks.acquire_user(user, click2, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click2, @ttl - @hold}
+      assert_lock(:user, user, {click2, @ttl - @hold})
     end
 
     test "addresses the same row whatever the letter case of the uuid" do
@@ -137,7 +137,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       click = Locks.click_ref()
 
       assert Locks.acquire_user(String.upcase(user), click, @ttl, @hold) == :ok
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
                {:error, :click_in_flight}

@@ -60,7 +60,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ArgumentsTest do
         user = new_user()
 
         assert Locks.acquire(chat, user, turn, 60) == :ok
-        assert lock(:chat, chat) == {turn, 0}
+        assert_lock(:chat, chat, {turn, 0})
         assert Locks.held?(chat, user, turn) == true
         assert Locks.release(chat, user, turn) == :ok
       end
@@ -71,7 +71,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ArgumentsTest do
       turn = "turn-click:" <> turn_ref()
 
       assert Locks.acquire(chat, new_user(), turn, 60) == :ok
-      assert lock(:chat, chat) == {turn, 0}
+      assert_lock(:chat, chat, {turn, 0})
     end
 
     test "a click ref of 255 bytes is accepted" do
@@ -79,7 +79,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ArgumentsTest do
       click = "click:" <> String.duplicate("0", 249)
 
       assert Locks.acquire_user(user, click, 60, 60) == :ok
-      assert lock(:user, user) == {click, 0}
+      assert_lock(:user, user, {click, 0})
       assert Locks.release_user(user, click) == :ok
     end
 
@@ -109,10 +109,10 @@ defmodule PhoenixKitAgent.Turns.Locks.ArgumentsTest do
 
       assert Locks.acquire_user(user, click, 60, 60) == :ok
       assert Locks.keep_user(user, click, 60, 1) == true
-      assert lock(:user, user) == {click, 59}
+      assert_lock(:user, user, {click, 59})
 
       assert Locks.keep_user(user, click, 315_360_000, 1) == true
-      assert lock(:user, user) == {click, 315_359_999}
+      assert_lock(:user, user, {click, 315_359_999})
     end
   end
 end

@@ -29,9 +29,10 @@ defmodule PhoenixKitAgent.Turns.Locks.ClockTest do
     test "acquire/4 dates both locks with the now() of its one statement" do
       chat = insert_chat!()
       user = new_user()
+      turn = turn_ref()
       before = db_now_us()
 
-      :ok = Locks.acquire(chat, user, turn_ref(), @ttl)
+      :ok = Locks.acquire(chat, user, turn, @ttl)
       [chat_since, user_since, now] = busy_since(chat, user)
 
       # One statement, one now(): both rows carry the same microsecond,
@@ -39,7 +40,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ClockTest do
       assert chat_since == user_since
       assert before < chat_since and chat_since < now
 
-      assert [chat: {_, 0}, user: {_, 0}] = locks(chat: chat, user: user)
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "acquire_user/4 dates the lock exactly ttl_s - hold_s before the database's now()" do

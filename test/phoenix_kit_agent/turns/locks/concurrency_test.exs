@@ -33,10 +33,12 @@ defmodule PhoenixKitAgent.Turns.Locks.ConcurrencyTest do
              ]
 
       winner = Enum.find_index(answers, &(&1 == :ok))
-      assert lock(:chat, chat) == {Enum.at(turns, winner), 0}
+      assert_lock(:chat, chat, {Enum.at(turns, winner), 0})
 
-      assert locks(Enum.map(users, &{:user, &1})) |> Keyword.values() ==
-               for(i <- 0..(@racers - 1), do: if(i == winner, do: {Enum.at(turns, i), 0}))
+      assert_locks(
+        Enum.map(users, &{:user, &1}),
+        for(i <- 0..(@racers - 1), do: {:user, if(i == winner, do: {Enum.at(turns, i), 0})})
+      )
     end
 
     test "of turns of one user in different chats: exactly one runs, every other chat stays free" do
@@ -52,13 +54,15 @@ defmodule PhoenixKitAgent.Turns.Locks.ConcurrencyTest do
 
       assert Enum.sort(answers) == [:ok | List.duplicate({:error, :turn_in_flight}, @racers - 1)]
       winner = Enum.find_index(answers, &(&1 == :ok))
-      assert lock(:user, user) == {Enum.at(turns, winner), 0}
+      assert_lock(:user, user, {Enum.at(turns, winner), 0})
 
-      assert locks(Enum.map(chats, &{:chat, &1})) |> Keyword.values() ==
-               for(
-                 i <- 0..(@racers - 1),
-                 do: if(i == winner, do: {Enum.at(turns, i), 0}, else: {nil, nil})
-               )
+      assert_locks(
+        Enum.map(chats, &{:chat, &1}),
+        for(
+          i <- 0..(@racers - 1),
+          do: {:chat, if(i == winner, do: {Enum.at(turns, i), 0}, else: {nil, nil})}
+        )
+      )
     end
 
     test "of turns and clicks of one user: exactly one gets the user's lock, the others learn what holds it" do
@@ -76,7 +80,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ConcurrencyTest do
       winner = Enum.find_index(answers, &(&1 == :ok))
       assert winner != nil and count(answers, :ok) == 1
 
-      {holder, 0} = lock(:user, user)
+      {holder, _age} = lock(:user, user)
 
       reason =
         if String.starts_with?(holder, "click:"), do: :click_in_flight, else: :turn_in_flight
@@ -100,7 +104,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ConcurrencyTest do
         end)
 
       assert Enum.sort(answers) == List.duplicate(false, @racers - 1) ++ [true]
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "racing a new turn's take-over: the new turn's locks are never freed" do
@@ -119,7 +123,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ConcurrencyTest do
 
       assert hd(answers) == :ok
       assert count(tl(answers), true) <= 1
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
   end
 

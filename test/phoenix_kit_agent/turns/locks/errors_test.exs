@@ -53,7 +53,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ErrorsTest do
       assert native(:acquire_user, [user, click, 60, 10]) == :ok
       assert native(:keep_user, [user, click, 60, 10]) == true
       assert native(:release_user, [user, click]) == :ok
-      assert locks(chat: chat1, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat1, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "a term that is not a turn's token or a stamp is refused before anything else" do

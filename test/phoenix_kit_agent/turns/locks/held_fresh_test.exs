@@ -39,7 +39,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
       :ok = Locks.acquire(chat, user, lost, @ttl)
       backdate!([user: user], @ttl + 1)
       :ok = Locks.acquire(other_chat, user, turn, @ttl)
-      assert lock(:chat, chat) == {lost, 0}
+      assert_lock(:chat, chat, {lost, 0})
 
       assert Locks.held?(chat, user, lost) == false
       assert Locks.held?(other_chat, user, turn) == true
@@ -52,7 +52,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
       :ok = Locks.acquire(chat, user, lost, @ttl)
       backdate!([chat: chat], @ttl + 1)
       :ok = Locks.acquire(chat, other_user, turn, @ttl)
-      assert lock(:user, user) == {lost, 0}
+      assert_lock(:user, user, {lost, 0})
 
       assert Locks.held?(chat, user, lost) == false
       assert Locks.held?(chat, other_user, turn) == true

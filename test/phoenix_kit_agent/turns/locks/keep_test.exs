@@ -18,7 +18,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       {chat, user, turn} = turn_taken(@ttl - 5)
 
       assert Locks.keep(chat, user, turn, @ttl) == true
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "does not revive an expired lease: false, and neither lock is re-dated" do
@@ -47,7 +47,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
 
       assert Locks.keep(chat, user, turn, @ttl) == false
       assert rows(chat: chat, user: user) == before
-      assert lock(:chat, chat) == {successor, 3}
+      assert_lock(:chat, chat, {successor, 3})
     end
 
     test "answers false to a turn that lost its user's lock to a click, and changes nothing" do
@@ -66,7 +66,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       :ok = Locks.release(chat, user, turn)
 
       assert Locks.keep(chat, user, turn, @ttl) == false
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "a lease that expires while keep/4 waits for its row is not revived; a take-over then wins" do
@@ -94,19 +94,19 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       SQL.close(gate)
 
       assert Task.await(keeping) == false
-      assert lock(:user, user) == {turn, 0}
+      assert_lock(:user, user, {turn, 0})
       successor = turn_ref("successor")
       assert Locks.acquire(chat, new_user(), successor, @ttl) == :ok
-      assert lock(:chat, chat) == {successor, 0}
+      assert_lock(:chat, chat, {successor, 0})
     end
 
     test "racing keeps of the holder, each waiting for the row: every one renews the lease" do
-      {chat, user, turn} = turn_taken(@ttl - 1)
+      {chat, user, turn} = turn_taken(5)
 
       answers = race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl) end)
 
       assert answers == [true, true, true]
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
   end
 end

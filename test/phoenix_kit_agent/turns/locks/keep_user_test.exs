@@ -10,10 +10,10 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
       click = Locks.click_ref()
       :ok = Locks.acquire_user(user, click, @ttl, @hold)
       backdate!([user: user], @hold - 1)
-      assert lock(:user, user) == {click, @ttl - 1}
+      assert_lock(:user, user, {click, @ttl - 1})
 
       assert Locks.keep_user(user, click, @ttl, @hold) == true
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
     end
 
     test "dates the lock with the ttl_s and hold_s it is given" do
@@ -22,7 +22,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
       :ok = Locks.acquire_user(user, click, @ttl, @hold)
 
       assert Locks.keep_user(user, click, @ttl, 45) == true
-      assert lock(:user, user) == {click, @ttl - 45}
+      assert_lock(:user, user, {click, @ttl - 45})
     end
 
     test "keeps blocking a turn for hold_s after each keep" do
@@ -49,7 +49,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
       :ok = Locks.release_user(user, click)
 
       assert Locks.keep_user(user, click, @ttl, @hold) == false
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
     end
 
     test "answers false after a turn took the lock over, and leaves the turn's lock as it is" do
@@ -65,7 +65,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
 
       assert Locks.keep_user(user, click, @ttl, @hold) == false
       assert rows(user: user) == [user: before]
-      assert lock(:user, user) == {turn, 3}
+      assert_lock(:user, user, {turn, 3})
     end
 
     test "answers false after another click took the lock over, and leaves its lock as it is" do
@@ -97,7 +97,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
       user = new_user()
 
       assert Locks.keep_user(user, Locks.click_ref(), @ttl, @hold) == false
-      assert lock(:user, user) == nil
+      assert_lock(:user, user, nil)
     end
 
     test "addresses the same row whatever the letter case of the uuid" do
@@ -107,7 +107,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
       backdate!([user: user], 5)
 
       assert Locks.keep_user(String.upcase(user), click, @ttl, @hold) == true
-      assert lock(:user, user) == {click, @ttl - @hold}
+      assert_lock(:user, user, {click, @ttl - @hold})
     end
   end
 end

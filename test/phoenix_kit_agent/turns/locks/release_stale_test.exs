@@ -26,14 +26,14 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
       {chat, user, turn} = lost_turn(@ttl - 1)
 
       assert Locks.release_stale(chat, user, turn, @ttl) == false
-      assert locks(chat: chat, user: user) == [chat: {turn, @ttl - 1}, user: {turn, @ttl - 1}]
+      assert_locks([chat: chat, user: user], chat: {turn, @ttl - 1}, user: {turn, @ttl - 1})
     end
 
     test "frees both locks as soon as the chat's is older than ttl_s, and answers true" do
       {chat, user, turn} = lost_turn(@ttl)
 
       assert Locks.release_stale(chat, user, turn, @ttl) == true
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "answers true only once: a second call finds nothing to release" do
@@ -41,7 +41,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
 
       assert Locks.release_stale(chat, user, turn, @ttl) == true
       assert Locks.release_stale(chat, user, turn, @ttl) == false
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "measures age against the caller's ttl_s" do
@@ -78,7 +78,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
       :ok = Locks.acquire(other_chat, user, turn, @ttl)
 
       assert Locks.release_stale(chat, user, lost, @ttl) == true
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {turn, 0})
     end
 
     test "frees nothing while the chat's lock is fresh, even when the user's is stale" do
@@ -95,7 +95,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
       stranger = new_user()
 
       assert Locks.release_stale(chat, stranger, lost, @ttl) == true
-      assert locks(chat: chat, user: stranger) == [chat: {nil, nil}, user: nil]
+      assert_locks([chat: chat, user: stranger], chat: {nil, nil}, user: nil)
     end
 
     test "answers false for a conversation uuid with no row" do
@@ -106,7 +106,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
       {chat, user, turn} = lost_turn(@ttl + 1)
 
       assert Locks.release_stale(String.upcase(chat), String.upcase(user), turn, @ttl) == true
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
   end
 end

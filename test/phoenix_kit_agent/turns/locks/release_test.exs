@@ -11,7 +11,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
       :ok = Locks.acquire(chat, user, turn, @ttl)
 
       assert Locks.release(chat, user, turn) == :ok
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "a late release by a turn that was taken over frees nothing of the new turn" do
@@ -25,7 +25,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
 
       assert Locks.release(chat, user, lost) == :ok
       assert rows(chat: chat, user: user) == before
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "frees the chat's lock when the user's was taken over by a turn in another chat" do
@@ -38,8 +38,11 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
 
       assert Locks.release(chat, user, lost) == :ok
 
-      assert locks(chat: chat, user: user, chat: other_chat) ==
-               [chat: {nil, nil}, user: {turn, 0}, chat: {turn, 0}]
+      assert_locks([chat: chat, user: user, chat: other_chat],
+        chat: {nil, nil},
+        user: {turn, 0},
+        chat: {turn, 0}
+      )
     end
 
     test "frees the user's lock when the chat's was taken over by a turn of another user" do
@@ -52,8 +55,11 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
 
       assert Locks.release(chat, user, lost) == :ok
 
-      assert locks(chat: chat, user: user, user: other_user) ==
-               [chat: {turn, 0}, user: {nil, nil}, user: {turn, 0}]
+      assert_locks([chat: chat, user: user, user: other_user],
+        chat: {turn, 0},
+        user: {nil, nil},
+        user: {turn, 0}
+      )
     end
 
     test "frees nothing of another turn's locks" do
@@ -73,14 +79,14 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
       :ok = Locks.acquire_user(user, click, @ttl, @ttl)
 
       assert Locks.release(chat, user, turn_ref()) == :ok
-      assert lock(:user, user) == {click, 0}
+      assert_lock(:user, user, {click, 0})
     end
 
     test "answers :ok and creates no row when nothing is locked" do
       user = new_user()
 
       assert Locks.release(TestDB.uuid(), user, turn_ref()) == :ok
-      assert lock(:user, user) == nil
+      assert_lock(:user, user, nil)
     end
 
     test "frees a lock older than the TTL that nobody took over" do
@@ -91,7 +97,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
       backdate!([chat: chat, user: user], @ttl * 10)
 
       assert Locks.release(chat, user, turn) == :ok
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "addresses the same rows whatever the letter case of the uuids" do
@@ -101,7 +107,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
       :ok = Locks.acquire(chat, user, turn, @ttl)
 
       assert Locks.release(String.upcase(chat), String.upcase(user), turn) == :ok
-      assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
+      assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
   end
 end

@@ -11,7 +11,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
       :ok = Locks.acquire_user(user, click, @ttl, @hold)
 
       assert Locks.release_user(user, click) == :ok
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
     end
 
     test "frees nothing of another click's lock" do
@@ -44,14 +44,14 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
       :ok = Locks.acquire(chat, user, turn, @ttl)
 
       assert Locks.release_user(user, click) == :ok
-      assert locks(user: user, chat: chat) == [user: {turn, 0}, chat: {turn, 0}]
+      assert_locks([user: user, chat: chat], user: {turn, 0}, chat: {turn, 0})
     end
 
     test "answers :ok and creates no row for a user with no settings row" do
       user = new_user()
 
       assert Locks.release_user(user, Locks.click_ref()) == :ok
-      assert lock(:user, user) == nil
+      assert_lock(:user, user, nil)
     end
 
     test "addresses the same row whatever the letter case of the uuid" do
@@ -60,7 +60,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
       :ok = Locks.acquire_user(user, click, @ttl, @hold)
 
       assert Locks.release_user(String.upcase(user), click) == :ok
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
     end
   end
 end

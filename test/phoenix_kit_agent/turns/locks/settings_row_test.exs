@@ -68,7 +68,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
       :ok = Locks.acquire(chat, user, turn, @ttl)
 
       assert Locks.release(chat, user, turn) == :ok
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
       assert updated_at(user) == @long_ago
     end
 
@@ -80,7 +80,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
       backdate!([chat: chat, user: user], @ttl + 1)
 
       assert Locks.release_stale(chat, user, turn, @ttl) == true
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
       assert updated_at(user) == @long_ago
     end
 
@@ -90,7 +90,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
       :ok = Locks.acquire_user(user, click, @ttl, @hold)
 
       assert Locks.release_user(user, click) == :ok
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
       assert updated_at(user) == @long_ago
     end
   end
@@ -104,7 +104,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
 
       :ok = Locks.acquire(chat1, user, turn1, @ttl)
       :ok = Locks.release(chat1, user, turn1)
-      assert lock(:user, user) == {nil, nil}
+      assert_lock(:user, user, {nil, nil})
 
       :ok = Locks.acquire(chat2, user, turn2, @ttl)
       assert settings_rows(user) == 1
