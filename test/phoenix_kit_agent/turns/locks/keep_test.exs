@@ -99,14 +99,5 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       assert Locks.acquire(chat, new_user(), successor, @ttl) == :ok
       assert_lock(:chat, chat, {successor, 0})
     end
-
-    test "racing keeps of the holder, each waiting for the row: every one renews the lease" do
-      {chat, user, turn} = turn_taken(5)
-
-      answers = race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl) end)
-
-      assert answers == [true, true, true]
-      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
-    end
   end
 end
