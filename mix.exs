@@ -13,6 +13,10 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
       # library in priv/native/. No hex package is involved.
       compilers: Mix.compilers() ++ [:locks_nif],
       elixirc_paths: elixirc_paths(Mix.env()),
+      # Only bench/wire.ex (compiled in :dev and :test) calls :ssl, to reach
+      # a server that asks for TLS; the library itself does TLS in Rust and
+      # does not start :ssl.
+      xref: [exclude: [:ssl, :public_key]],
       start_permanent: Mix.env() == :prod,
       deps: [],
       description:
