@@ -23,7 +23,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       pgbench's own CPU time per transaction (its `times` as a child of a
       shell);
     * how late a normal scheduler answers meanwhile (`Bench.Probe`: the p99
-      of a message round trip between two processes, one every millisecond).
+      of a message round trip between two processes, one every millisecond),
+      and how long a 1-byte file read waits for a dirty-I/O scheduler, the
+      kind the lock calls run on (what the pool size leaves to the rest of
+      the VM).
 
   Besides the workloads: `statements` counts the statements and the
   transaction control one call of each function costs on the server
@@ -466,8 +469,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   # opens its connections, each connection prepares its statements), then,
   # all from the same instant, for `duration` seconds, timing each op with
   # :erlang.monotonic_time into a shared histogram. Meanwhile a probe times
-  # message round trips on the normal schedulers, and the VM's CPU time is
-  # read when the timed part starts and once every caller is done.
+  # message round trips on the normal schedulers and a small file read (a
+  # dirty-I/O scheduler), and the VM's CPU time is read when the timed part
+  # starts and once every caller is done.
   defp run_library(ctx, spec) do
     parent = self()
     hist = Histogram.new()
@@ -489,7 +493,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     for pid <- pids, do: receive(do: ({:ready, ^pid} -> :ok))
     measure_at = :erlang.monotonic_time() + ms(ctx.warmup_ms)
     end_at = measure_at + ms(ctx.duration * 1000)
-    probe = Probe.start(interval_ms: 1, from: measure_at)
+    probe_file = Path.join(ctx.tmp, "probe")
+    File.write!(probe_file, "x")
+    probe = Probe.start(interval_ms: 1, from: measure_at, file_io: probe_file)
     for pid <- pids, do: send(pid, {:go, measure_at, end_at})
     sleep_until(measure_at)
     cpu_before = CPU.ticks()
@@ -512,7 +518,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       ops: ops / seconds(last - measure_at),
       cpu_call: cpu_call,
       cpu_op: cpu_call && cpu_call * calls / ops,
-      probe: probe.rtt
+      probe: probe.rtt,
+      file_io: probe.file_io
     })
   end
 
@@ -832,10 +839,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     multi-statement transactions through pgbench (what a caller would
     otherwise run); its row compares the library's cycle with it. CPU: the
     VM's (every BEAM thread's utime + stime from /proc/self/task/*/stat over
-    the timed part, #{PhoenixKitAgent.Turns.Locks.Bench.CPU.hz()} ticks a second) per op and per call, and
-    pgbench's own per transaction (an op); the server's is in neither. probe
-    p99: round trip of a message between two processes on normal schedulers
-    while the library side ran.
+    the timed part, #{CPU.hz()} ticks a second) per op and per call, and
+    pgbench's own per transaction (an op); the server's is in neither. While
+    the library side ran, every millisecond: probe p99, the round trip of a
+    message between two processes on normal schedulers; file read p99, a
+    1-byte `File.read/1`, which needs a dirty-I/O scheduler as the lock
+    calls do.
     """
 
     tables =
@@ -869,13 +878,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   defp table(cases) do
     head =
       "| workload | callers | op | library ops/s | p50 µs | p99 µs | max µs | CPU µs/op | CPU µs/call " <>
-        "| pgbench ops/s | p50 µs | p99 µs | max µs | CPU µs/op | ratio | Δp50 µs | probe p99 µs |\n" <>
-        "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+        "| pgbench ops/s | p50 µs | p99 µs | max µs | CPU µs/op | ratio | Δp50 µs | probe p99 µs " <>
+        "| file read p99 µs |\n" <>
+        "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
 
     rows =
       Enum.flat_map(cases, fn c ->
         lib = c[:library]
-        main = row(c.id, c.callers, c.unit, lib, c[:pgbench], lib && lib.probe)
+        main = row(c.id, c.callers, c.unit, lib, c[:pgbench], lib)
 
         ref =
           if c[:reference],
@@ -897,13 +907,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     head <> Enum.join(rows, "\n") <> "\n"
   end
 
-  defp row(id, callers, unit, lib, pg, probe) do
+  # `probes`: the library side, whose probes ran (nil on a reference row).
+  defp row(id, callers, unit, lib, pg, probes) do
     cells =
       [id, callers, unit] ++
         figures(lib) ++
         [cpu(lib, :cpu_op), cpu(lib, :cpu_call)] ++
         figures(pg) ++
-        [cpu(pg, :cpu_op), ratio(lib, pg), delta(lib, pg), fmt(probe && probe.p99)]
+        [cpu(pg, :cpu_op), ratio(lib, pg), delta(lib, pg)] ++
+        [fmt(probes && probes.probe.p99), fmt(probes && probes.file_io && probes.file_io.p99)]
 
     "| " <> Enum.join(cells, " | ") <> " |"
   end
@@ -957,7 +969,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
           merged =
             if side == :library,
-              do: Map.put(merged, :probe, %{p99: med(Enum.map(sides, & &1.probe.p99))}),
+              do:
+                Map.merge(merged, %{
+                  probe: %{p99: med(Enum.map(sides, & &1.probe.p99))},
+                  file_io: %{p99: med(Enum.map(sides, &(&1.file_io && &1.file_io.p99)))}
+                }),
               else: merged
 
           Map.put(acc, side, merged)

@@ -17,18 +17,29 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Probe do
   #
   # `worst` is the larger of the longest round trip and `late_max`.
   #
+  # With `file_io: path`, each sample also reads that (small) file and keeps
+  # the time in `file_io` (a histogram): file operations run on the
+  # dirty-I/O schedulers, the ones the lock calls run on, so this is how long
+  # the rest of the VM waits for one of them. It is kept apart from `worst`,
+  # which is about the normal schedulers.
+  #
   # `start/1` and `stop/1` may be called from different processes (the
   # robustness suite runs each command of a child node in a process of its
   # own), so the probe is not linked to its starter.
 
   alias PhoenixKitAgent.Turns.Locks.Bench.Histogram
 
-  @type result :: %{rtt: Histogram.stats(), late_max: non_neg_integer(), worst: non_neg_integer()}
+  @type result :: %{
+          rtt: Histogram.stats(),
+          late_max: non_neg_integer(),
+          worst: non_neg_integer(),
+          file_io: Histogram.stats() | nil
+        }
 
   @doc """
   Starts a probe. Options: `:interval_ms` between samples (default 1);
   `:from`, a `System.monotonic_time/0` at which to take the first sample
-  (default now).
+  (default now); `:file_io`, a file to read at each sample (default none).
   """
   @spec start(keyword()) :: pid()
   def start(opts \\ []) do
@@ -38,7 +49,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Probe do
     spawn(fn ->
       echo = spawn_link(&echo/0)
       sleep_until(from)
-      state = %{echo: echo, interval: interval, hist: Histogram.new(), rtt_max: 0, late_max: 0}
+      file = Keyword.get(opts, :file_io)
+
+      state = %{
+        echo: echo,
+        interval: interval,
+        hist: Histogram.new(),
+        rtt_max: 0,
+        late_max: 0,
+        file: file,
+        file_hist: file && Histogram.new(),
+        file_max: 0
+      }
+
       loop(state)
     end)
   end
@@ -74,16 +97,27 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Probe do
         rtt = now_us() - woke
         late = max(woke - asleep - state.interval * 1_000, 0)
         Histogram.add(state.hist, rtt)
-
-        loop(%{state | rtt_max: max(state.rtt_max, rtt), late_max: max(state.late_max, late)})
+        state = %{state | rtt_max: max(state.rtt_max, rtt), late_max: max(state.late_max, late)}
+        loop(read_file(state))
     end
+  end
+
+  defp read_file(%{file: nil} = state), do: state
+
+  defp read_file(state) do
+    started = now_us()
+    {:ok, _} = File.read(state.file)
+    took = now_us() - started
+    Histogram.add(state.file_hist, took)
+    %{state | file_max: max(state.file_max, took)}
   end
 
   defp result(state) do
     %{
       rtt: Histogram.stats(state.hist, state.rtt_max),
       late_max: state.late_max,
-      worst: max(state.rtt_max, state.late_max)
+      worst: max(state.rtt_max, state.late_max),
+      file_io: state.file_hist && Histogram.stats(state.file_hist, state.file_max)
     }
   end
 

@@ -42,7 +42,9 @@ defmodule Mix.Tasks.Locks.Bench do
   per call (every BEAM thread's utime + stime, `/proc/self/task/*/stat`,
   over the timed part) and pgbench's per transaction; and, during the
   library runs, the p99 of a message round trip between two processes on
-  normal schedulers. One markdown report is printed and written to `--out`.
+  normal schedulers and of a 1-byte file read (which waits for a dirty-I/O
+  scheduler, as the lock calls do). One markdown report is printed and
+  written to `--out`.
 
   The statement texts pgbench runs are those the pool sends, read off the
   wire by a proxy the bench puts in front of a pool of its own: the NIF
