@@ -655,32 +655,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     info("statements per call")
     reset!(ctx)
 
-    case StatementCounter.open(ctx.options, pool_size: 1) do
-      {:ok, counter} ->
-        try do
-          count_statements(counter)
-        rescue
-          e in Locks.Error ->
-            info("  the counter's role cannot run the calls (#{Exception.message(e)})")
-            nil
-        after
-          case StatementCounter.close(counter) do
-            :ok -> :ok
-            {:error, why} -> info("  #{why}")
-          end
-        end
+    case counted_statements(ctx) do
+      {:ok, counted} ->
+        counted
 
       {:error, why} ->
-        info("  #{why}")
-        nil
-    end
-    |> case do
-      nil ->
-        info("  counting pg_stat_database.xact_commit deltas instead")
+        info("  #{why}; counting pg_stat_database.xact_commit deltas instead")
         xact_check(ctx)
+    end
+  end
 
-      counted ->
-        counted
+  defp counted_statements(ctx) do
+    with {:ok, counter} <- StatementCounter.open(ctx.options, pool_size: 1) do
+      try do
+        {:ok, count_statements(counter)}
+      rescue
+        e in Locks.Error ->
+          {:error, "the counter's role cannot run the calls (#{Exception.message(e)})"}
+      after
+        with {:error, why} <- StatementCounter.close(counter), do: info("  #{why}")
+      end
     end
   end
 

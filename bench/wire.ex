@@ -132,6 +132,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Wire do
 
       {tag, _socket} when tag in [:tcp_closed, :ssl_closed] ->
         hang_up(state)
+
+      {tag, _socket, _reason} when tag in [:tcp_error, :ssl_error] ->
+        hang_up(state)
     end
   end
 
