@@ -660,7 +660,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
         counted
 
       {:error, why} ->
-        info("  #{why}; counting pg_stat_database.xact_commit deltas instead")
+        info("  #{why}")
+        info("  counting pg_stat_database.xact_commit deltas instead")
         xact_check(ctx)
     end
   end
