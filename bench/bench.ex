@@ -11,7 +11,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   host's `repo:`, discrete settings or `DATABASE_URL`); `psql` and `pgbench`
   get it through libpq's environment (`PGHOST`, `PGPORT`, `PGUSER`,
   `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, …), never as a URL. Everything
-  happens in a schema of its own (#{inspect("phoenix_kit_agent_locks_bench")}),
+  happens in a schema of its own (`phoenix_kit_agent_locks_bench`),
   created with its tables if missing: the bench never touches a host's rows.
 
   What it measures, per workload:
