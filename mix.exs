@@ -19,9 +19,11 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
       locks_nif_base_url: "#{@source_url}/releases/download/v#{@version}",
       elixirc_paths: elixirc_paths(Mix.env()),
       # Only the Mix compiler downloads (Mix.Tasks.Compile.LocksNif.Prebuilt,
-      # which starts :inets and :ssl itself): the running application needs
-      # neither, so they are not in extra_applications.
-      xref: [exclude: [:httpc, :inets, :public_key]],
+      # which starts :inets and :ssl itself) and only bench/wire.ex (compiled
+      # in :dev and :test) speaks TLS from Elixir: the running application
+      # needs none of them (its TLS is Rust's), so they are not in
+      # extra_applications.
+      xref: [exclude: [:httpc, :inets, :ssl, :public_key]],
       start_permanent: Mix.env() == :prod,
       deps: [],
       description:

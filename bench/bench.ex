@@ -1,25 +1,64 @@
 defmodule PhoenixKitAgent.Turns.Locks.Bench do
-  @moduledoc false
-  # The body of `mix locks.bench` (see lib/mix/tasks/locks.bench.ex for the
-  # options). For each workload it times the public calls from Elixir
-  # processes, then has `pgbench -M prepared` run the very statement texts the
-  # pool runs (`Native.statements/0`) at the same concurrency for the same
-  # time: the floor, a client that adds nothing but libpq. It also counts, on
-  # the server, the statements and transactions one call costs, and probes how
-  # late a normal scheduler answers a message while 50 callers run.
-  #
-  # Everything happens in a schema of its own (@schema): the bench never
-  # touches a host's rows, and its schema-qualified statements are its own
-  # entries in pg_stat_statements.
-  #
-  # Rows are picked by index with deterministic uuids, md5("bench/<ns>/chat/<k>")
-  # as a uuid, which both sides compute: caller k of the library and pgbench's
-  # client k (`:client_id`) use the same chat, user and ref. pgbench cannot
-  # build strings, so each client fetches its values once with `\gset` in its
-  # first transaction (skipped from the latency figures).
+  @moduledoc """
+  The body of `mix locks.bench` (options in `Mix.Tasks.Locks.Bench`):
+  the public lock calls timed from Elixir processes against `pgbench -M
+  prepared` running the very same SQL, in the same run, at the same
+  concurrency and for the same time; pgbench is the floor, a client that
+  adds nothing but libpq.
+
+  Where and as whom it connects is the library's own configuration, as
+  `PhoenixKitAgent.Turns.Locks.Config.read/0` resolves it (a `url:`, the
+  host's `repo:`, discrete settings or `DATABASE_URL`); `psql` and `pgbench`
+  get it through libpq's environment (`PGHOST`, `PGPORT`, `PGUSER`,
+  `PGPASSWORD`, `PGDATABASE`, `PGSSLMODE`, …), never as a URL. Everything
+  happens in a schema of its own (`phoenix_kit_agent_locks_bench`),
+  created with its tables if missing: the bench never touches a host's rows.
+
+  What it measures, per workload:
+
+    * ops/s and the p50/p99/max latency a caller sees, the same for pgbench,
+      their ratio and the p50 difference;
+    * the VM's CPU time per call (`Bench.CPU`: every BEAM thread's utime +
+      stime over the timed part, divided by the calls made in it) and
+      pgbench's own CPU time per transaction (its `times` as a child of a
+      shell);
+    * how late a normal scheduler answers meanwhile (`Bench.Probe`: the p99
+      of a message round trip between two processes, one every millisecond),
+      and how long a 1-byte file read waits for a dirty-I/O scheduler, the
+      kind the lock calls run on (what the pool size leaves to the rest of
+      the VM).
+
+  Besides the workloads: `statements` counts the statements and the
+  transaction control one call of each function costs on the server
+  (`Bench.StatementCounter`, pg_stat_statements under a role of its own;
+  without it, `pg_stat_database.xact_commit` deltas), and `overhead` times
+  the steps of one `held?/3` serially, the turn of the admission gate
+  (`Native.admit/1`) among them.
+
+  The statement texts pgbench runs are read off the wire (`Bench.Wire`):
+  a pool of the bench's own runs each public call once through a proxy that
+  keeps the text of every Parse message. The NIF carries nothing for the
+  bench.
+
+  Rows are picked by index with deterministic uuids, `md5("bench/<ns>/chat/<k>")`
+  as a uuid, which both sides compute: caller k of the library and
+  pgbench's client k (`:client_id`) use the same chat, user and ref. pgbench
+  cannot build strings, so each client fetches its values once with
+  `\\gset` in its first transaction (left out of the latency figures).
+
+  `run/1` returns `{:ok, report}` (the markdown it also prints and writes)
+  or `{:error, message}`; raising is the Mix task's business.
+  """
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Config, Native, Schema}
+  alias PhoenixKitAgent.Turns.Locks.Bench.{CPU, Histogram, Probe, Psql, StatementCounter, Wire}
+
+  defmodule Failure do
+    @moduledoc false
+    # Why a run stopped: raised inside the bench, returned by `run/1`.
+    defexception [:message]
+  end
 
   @schema "phoenix_kit_agent_locks_bench"
   @ttl 120
@@ -46,10 +85,53 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   @doc """
   Runs the benchmark. `opts`: `:duration` (s), `:warmup` (ms), `:workloads`
-  (names), `:runs`, `:out` (markdown path), `:cycle_callers`.
+  (names), `:runs`, `:out` (markdown path), `:cycle_callers` (list),
+  `:pool_size` (nil: the configured one).
   """
+  @spec run(keyword()) :: {:ok, String.t()} | {:error, String.t()}
   def run(opts) do
-    ctx = setup(opts)
+    with {:ok, config} <- configured(),
+         {:ok, pgbench} <- executable("pgbench"),
+         {:ok, _psql} <- executable("psql") do
+      tmp = Path.join(System.tmp_dir!(), "locks_bench_#{System.unique_integer([:positive])}")
+
+      try do
+        {:ok, bench(config, pgbench, tmp, opts)}
+      rescue
+        e in [Failure, Locks.Error] -> {:error, Exception.message(e)}
+      after
+        File.rm_rf(tmp)
+        # The configured pool back, as the application started it.
+        Native.start(config)
+      end
+    end
+  end
+
+  defp configured do
+    case Config.read() do
+      {:ok, config} ->
+        {:ok, config}
+
+      :unconfigured ->
+        {:error,
+         "no database configured: set config :phoenix_kit_agent_locks, url: … or repo: …, " <>
+           "or DATABASE_URL"}
+    end
+  rescue
+    e in Locks.Error -> {:error, Exception.message(e)}
+  end
+
+  defp executable(name) do
+    case System.find_executable(name) do
+      nil -> {:error, "#{name} is not on the PATH (PostgreSQL's client programs)"}
+      path -> {:ok, path}
+    end
+  end
+
+  defp fail(message), do: raise(Failure, message: message)
+
+  defp bench(config, pgbench, tmp, opts) do
+    ctx = setup(config, pgbench, tmp, opts)
 
     statements = if "statements" in ctx.workloads, do: statements_check(ctx)
 
@@ -57,7 +139,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     runs =
       for run <- 1..ctx.runs do
-        info(ctx, "run #{run}/#{ctx.runs}")
+        info("run #{run}/#{ctx.runs}")
         # Alternate which side goes first, so neither always meets the
         # other's dead tuples or a warmer cache.
         order = if rem(run, 2) == 1, do: [:library, :pgbench], else: [:pgbench, :library]
@@ -68,22 +150,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     IO.puts(report)
     File.mkdir_p!(Path.dirname(ctx.out))
     File.write!(ctx.out, report)
-    info(ctx, "written to #{ctx.out}")
-    File.rm_rf!(ctx.tmp)
+    info("written to #{ctx.out}")
     report
   end
 
   ## Setup
 
-  defp setup(opts) do
-    base = Config.read()
-    url = base.url || Mix.raise("locks.bench: set DATABASE_URL (or config :url)")
-    options = %{base | prefix: @schema}
+  defp setup(config, pgbench, tmp, opts) do
+    options = %{config | prefix: @schema, pool_size: opts[:pool_size] || config.pool_size}
     :ok = Native.start(options)
     :ok = Schema.setup!(:tables)
+    File.mkdir_p!(tmp)
 
     ctx = %{
-      url: url,
       options: options,
       duration: opts[:duration],
       warmup_ms: opts[:warmup],
@@ -91,16 +170,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       out: opts[:out],
       workloads: opts[:workloads],
       cycle_callers: opts[:cycle_callers],
-      pgbench: System.find_executable("pgbench") || Mix.raise("locks.bench: pgbench not on PATH"),
-      tmp: Path.join(System.tmp_dir!(), "locks_bench_#{System.unique_integer([:positive])}"),
-      stmts: Map.new(raise("the statement texts: next commit")),
+      pgbench: pgbench,
+      shell: System.find_executable("bash"),
+      tmp: tmp,
       chats: qualified("phoenix_kit_agent_conversations"),
       users: qualified("phoenix_kit_agent_user_settings"),
       started: DateTime.utc_now() |> DateTime.truncate(:second),
       loadavg_start: loadavg()
     }
-
-    File.mkdir_p!(ctx.tmp)
 
     values = fn kind ->
       for ns <- @namespaces,
@@ -113,7 +190,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       "INSERT INTO #{ctx.users} (user_uuid) VALUES #{Enum.join(values.("user"), ",")} ON CONFLICT DO NOTHING"
     ])
 
-    Map.put(ctx, :server, psql!(ctx, ["SHOW server_version"]) |> hd() |> hd())
+    ctx
+    |> Map.put(:server, psql!(ctx, ["SHOW server_version"]) |> hd() |> hd())
+    |> Map.put(:stmts, statement_texts(ctx))
   end
 
   defp qualified(name), do: ~s("#{@schema}".#{name})
@@ -126,6 +205,41 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       "VACUUM ANALYZE #{ctx.chats}",
       "VACUUM ANALYZE #{ctx.users}"
     ])
+  end
+
+  ## The statement texts, as the pool sends them
+
+  # Each public call once, on a pool of one connection that goes through
+  # Bench.Wire: the lock statement among the Parse messages of a call is
+  # its text (the first call also sends the pool's query of the tables'
+  # columns, which names no lock table). With `prepare: :named` a statement
+  # is parsed the first time a connection runs it; unnamed, every time.
+  defp statement_texts(ctx) do
+    info("statement texts, from the wire")
+    reset!(ctx)
+
+    case Wire.start(ctx.options) do
+      {:ok, wire, pool} ->
+        try do
+          :ok = Native.start(pool)
+
+          Map.new(statement_steps(), fn {name, fun} ->
+            fun.()
+            key = name |> String.split("/") |> hd()
+
+            case Enum.filter(Wire.texts(wire), &(&1 =~ "phoenix_kit_agent_")) do
+              [text] -> {key, text}
+              other -> fail("#{name} sent #{length(other)} lock statements, one expected")
+            end
+          end)
+        after
+          :ok = Native.start(ctx.options)
+          Wire.stop(wire)
+        end
+
+      {:error, why} ->
+        fail("cannot read the statement texts: #{why}")
+    end
   end
 
   ## The rows of caller k (the same on both sides)
@@ -172,6 +286,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   end
 
   ## Workloads
+  #
+  # Each `op` returns how many calls it made, for the CPU time per call.
 
   defp cases(ctx) do
     cycle =
@@ -187,6 +303,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
               fn ->
                 :ok = Locks.acquire(c, u, r, @ttl)
                 :ok = Locks.release(c, u, r)
+                2
               end
             end,
             script:
@@ -210,8 +327,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
               fn ->
                 case Locks.acquire(c, u, r, @ttl) do
-                  :ok -> :ok = Locks.release(c, u, r)
-                  {:error, :conversation_busy} -> :ok
+                  :ok ->
+                    :ok = Locks.release(c, u, r)
+                    2
+
+                  {:error, :conversation_busy} ->
+                    1
                 end
               end
             end,
@@ -244,6 +365,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
               fn ->
                 true = Locks.held?(c, u, r)
                 true = Locks.fresh?(c, r, @ttl)
+                2
               end
             end,
             script:
@@ -268,6 +390,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
                 :ok = Locks.acquire_user(u, cl, @ttl, @hold)
                 true = Locks.keep_user(u, cl, @ttl, @hold)
                 :ok = Locks.release_user(u, cl)
+                3
               end
             end,
             script:
@@ -318,20 +441,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
         :library ->
           reset!(ctx)
           if spec[:before], do: spec.before.()
-          info(ctx, "  #{label}: library")
+          info("  #{label}: library")
           {:library, run_library(ctx, spec)}
 
         :pgbench ->
           reset!(ctx)
           if spec[:before], do: spec.before.()
-          info(ctx, "  #{label}: pgbench")
+          info("  #{label}: pgbench")
           {:pgbench, run_pgbench(ctx, spec.script, spec.callers)}
       end)
 
     reference =
       if spec[:reference] do
         reset!(ctx)
-        info(ctx, "  #{label}: pgbench, BEGIN … COMMIT ×2")
+        info("  #{label}: pgbench, BEGIN … COMMIT ×2")
         run_pgbench(ctx, spec.reference, spec.callers)
       end
 
@@ -345,12 +468,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   # `callers` processes run `op` in a loop: first for the warm-up (the pool
   # opens its connections, each connection prepares its statements), then,
   # all from the same instant, for `duration` seconds, timing each op with
-  # :erlang.monotonic_time into a shared histogram (a list of every latency
-  # would grow the callers' heaps, and its garbage collections would show up
-  # as latency). A probe measures message round trips meanwhile.
+  # :erlang.monotonic_time into a shared histogram. Meanwhile a probe times
+  # message round trips on the normal schedulers and a small file read (a
+  # dirty-I/O scheduler), and the VM's CPU time is read when the timed part
+  # starts and once every caller is done.
   defp run_library(ctx, spec) do
     parent = self()
-    hist = hist_new()
+    hist = Histogram.new()
 
     pids =
       for k <- 0..(spec.callers - 1) do
@@ -361,7 +485,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           receive do
             {:go, measure_at, end_at} ->
               warm(op, measure_at)
-              send(parent, {:done, self(), measure(op, end_at, hist, 0, 0)})
+              send(parent, {:done, self(), measure(op, end_at, hist, {0, 0, 0})})
           end
         end)
       end
@@ -369,27 +493,44 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     for pid <- pids, do: receive(do: ({:ready, ^pid} -> :ok))
     measure_at = :erlang.monotonic_time() + ms(ctx.warmup_ms)
     end_at = measure_at + ms(ctx.duration * 1000)
-    probe = spawn_link(fn -> probe(parent, measure_at, end_at) end)
+    probe_file = Path.join(ctx.tmp, "probe")
+    File.write!(probe_file, "x")
+    probe = Probe.start(interval_ms: 1, from: measure_at, file_io: probe_file)
     for pid <- pids, do: send(pid, {:go, measure_at, end_at})
+    sleep_until(measure_at)
+    cpu_before = CPU.ticks()
 
-    {count, max, last} =
-      Enum.reduce(pids, {0, 0, measure_at}, fn pid, {c, m, t} ->
+    {ops, calls, slowest, last} =
+      Enum.reduce(pids, {0, 0, 0, measure_at}, fn pid, {o, c, m, t} ->
         receive do
-          {:done, ^pid, {count, max, last}} -> {c + count, max(m, max), max(t, last)}
+          {:done, ^pid, {{ops, calls, slowest}, last}} ->
+            {o + ops, c + calls, max(m, slowest), max(t, last)}
         end
       end)
 
-    probe = receive(do: ({:probe, ^probe, figures} -> figures))
+    cpu_after = CPU.ticks()
+    probe = Probe.stop(probe)
+    cpu_call = CPU.per_call_us(cpu_after && cpu_after - cpu_before, calls)
 
     hist
-    |> hist_stats(max)
-    |> Map.put(:ops, count / seconds(last - measure_at))
-    |> Map.put(:probe, probe)
+    |> Histogram.stats(slowest)
+    |> Map.merge(%{
+      ops: ops / seconds(last - measure_at),
+      cpu_call: cpu_call,
+      cpu_op: cpu_call && cpu_call * calls / ops,
+      probe: probe.rtt,
+      file_io: probe.file_io
+    })
   end
 
   defp ms(ms), do: System.convert_time_unit(ms, :millisecond, :native)
   defp us(native), do: System.convert_time_unit(native, :native, :microsecond)
   defp seconds(native), do: System.convert_time_unit(native, :native, :microsecond) / 1.0e6
+
+  defp sleep_until(t) do
+    left = System.convert_time_unit(t - :erlang.monotonic_time(), :native, :millisecond)
+    if left > 0, do: Process.sleep(left)
+  end
 
   defp warm(op, until) do
     if :erlang.monotonic_time() < until do
@@ -398,103 +539,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     end
   end
 
-  # {ops, the slowest in µs, when the last ended}
-  defp measure(op, end_at, hist, count, slowest) do
+  # {{ops, calls, the slowest op in µs}, when the last op ended}
+  defp measure(op, end_at, hist, {ops, calls, slowest}) do
     t0 = :erlang.monotonic_time()
-    op.()
+    n = op.()
     t1 = :erlang.monotonic_time()
     lat = us(t1 - t0)
-    hist_add(hist, lat)
-    {count, slowest} = {count + 1, max(slowest, lat)}
-    if t1 >= end_at, do: {count, slowest, t1}, else: measure(op, end_at, hist, count, slowest)
-  end
-
-  # On a normal scheduler (it never calls a NIF): a message to a second
-  # process and back, every millisecond. Its round trip is what any other
-  # process of the host waits for a scheduler while the lock calls run.
-  defp probe(parent, measure_at, end_at) do
-    echo = spawn_link(fn -> echo() end)
-    hist = hist_new()
-    sleep_until(measure_at)
-    slowest = ping(echo, end_at, hist, 0)
-    send(parent, {:probe, self(), hist_stats(hist, slowest)})
-    Process.exit(echo, :kill)
-  end
-
-  defp echo do
-    receive do
-      {:ping, from} -> send(from, :pong)
-    end
-
-    echo()
-  end
-
-  defp ping(echo, end_at, hist, slowest) do
-    t0 = :erlang.monotonic_time()
-
-    if t0 >= end_at do
-      slowest
-    else
-      send(echo, {:ping, self()})
-      receive(do: (:pong -> :ok))
-      rtt = us(:erlang.monotonic_time() - t0)
-      hist_add(hist, rtt)
-      Process.sleep(1)
-      ping(echo, end_at, hist, max(slowest, rtt))
-    end
-  end
-
-  defp sleep_until(t) do
-    left = System.convert_time_unit(t - :erlang.monotonic_time(), :native, :millisecond)
-    if left > 0, do: Process.sleep(left)
-  end
-
-  ## Latency histogram
-
-  # Whole microseconds in :counters: exact below 1 ms, 10 µs wide to 100 ms,
-  # 1 ms wide to 10 s, then one overflow bucket. Lock-free for concurrent
-  # callers, and the same for both sides.
-  @hist_buckets 1_000 + 9_900 + 9_900 + 1
-
-  defp hist_new, do: :counters.new(@hist_buckets, [:write_concurrency])
-
-  defp hist_add(hist, us), do: :counters.add(hist, bucket(us) + 1, 1)
-
-  defp bucket(us) when us < 1_000, do: us
-  defp bucket(us) when us < 100_000, do: 1_000 + div(us - 1_000, 10)
-  defp bucket(us) when us < 10_000_000, do: 10_900 + div(us - 100_000, 1_000)
-  defp bucket(_us), do: @hist_buckets - 1
-
-  # The lowest latency of bucket `i` (what the percentiles report).
-  defp bucket_us(i) when i < 1_000, do: i
-  defp bucket_us(i) when i < 10_900, do: 1_000 + (i - 1_000) * 10
-  defp bucket_us(i), do: 100_000 + (i - 10_900) * 1_000
-
-  # p50/p99 from the histogram, max as measured; `ops` left to the caller.
-  defp hist_stats(hist, slowest) do
-    counts = for i <- 1..@hist_buckets, do: :counters.get(hist, i)
-    n = Enum.sum(counts)
-
-    if n == 0 do
-      %{ops: nil, n: 0, p50: nil, p99: nil, max: nil}
-    else
-      at = fn p -> rank_us(counts, max(1, ceil(p * n))) end
-      %{ops: nil, n: n, p50: at.(0.5), p99: at.(0.99), max: slowest}
-    end
-  end
-
-  defp rank_us(counts, rank) do
-    Enum.reduce_while(counts, {0, 0}, fn c, {i, seen} ->
-      if seen + c >= rank, do: {:halt, {:found, i}}, else: {:cont, {i + 1, seen + c}}
-    end)
-    |> case do
-      {:found, i} -> bucket_us(i)
-      _ -> nil
-    end
+    Histogram.add(hist, lat)
+    acc = {ops + 1, calls + n, max(slowest, lat)}
+    if t1 >= end_at, do: {acc, t1}, else: measure(op, end_at, hist, acc)
   end
 
   ## The pgbench side
 
+  # pgbench runs as the child of a shell whose `times` then reports its
+  # CPU time (all its threads'); without bash, no CPU figure.
   defp run_pgbench(ctx, script, clients) do
     dir = Path.join(ctx.tmp, "run#{System.unique_integer([:positive])}")
     File.mkdir_p!(dir)
@@ -502,25 +561,39 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     args =
       ~w(-M prepared -n -D inited=0 -D ttl=#{@ttl} -D hold=#{@hold} -f script.sql) ++
-        ~w(-c #{clients} -j #{clients} -T #{ctx.duration} -l --log-prefix=lat) ++ [ctx.url]
+        ~w(-c #{clients} -j #{clients} -T #{ctx.duration} -l --log-prefix=lat)
 
-    {out, status} = System.cmd(ctx.pgbench, args, cd: dir, stderr_to_stdout: true)
+    {exe, args} =
+      case ctx.shell do
+        nil -> {ctx.pgbench, args}
+        bash -> {bash, ["-c", ~s("$0" "$@"; status=$?; times; exit $status), ctx.pgbench | args]}
+      end
+
+    {out, status} =
+      System.cmd(exe, args,
+        cd: dir,
+        stderr_to_stdout: true,
+        env: Psql.env(ctx.options, "phoenix_kit_agent_locks bench pgbench")
+      )
 
     tps =
       case Regex.run(~r/tps = ([\d.]+) \(without initial connection time\)/, out) do
-        [_, tps] when status == 0 ->
-          String.to_float(tps)
-
-        _ ->
-          Mix.raise("locks.bench: pgbench failed (exit #{status}):\n#{out}\nscript:\n#{script}")
+        [_, tps] when status == 0 -> String.to_float(tps)
+        _ -> fail("pgbench failed (exit #{status}):\n#{out}\nscript:\n#{script}")
       end
 
     if out =~ ~r/number of failed transactions: [1-9]/,
-      do: Mix.raise("locks.bench: pgbench transactions failed:\n#{out}")
+      do: fail("pgbench transactions failed:\n#{out}")
+
+    transactions =
+      case Regex.run(~r/number of transactions actually processed: (\d+)/, out) do
+        [_, n] -> String.to_integer(n)
+        nil -> nil
+      end
 
     # client_id transaction_no latency_us script_no epoch_s epoch_us; each
     # client's first transaction also ran the \gset and the PREPAREs.
-    hist = hist_new()
+    hist = Histogram.new()
 
     slowest =
       for file <- File.ls!(dir),
@@ -531,56 +604,33 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           reduce: 0 do
         slowest ->
           us = String.to_integer(us)
-          hist_add(hist, us)
+          Histogram.add(hist, us)
           max(slowest, us)
       end
 
     File.rm_rf!(dir)
-    %{hist_stats(hist, slowest) | ops: tps}
+
+    hist
+    |> Histogram.stats(slowest)
+    |> Map.merge(%{ops: tps, cpu_op: pgbench_cpu_us(out, transactions)})
+  end
+
+  # bash's `times`: the shell's own user and system time, then its
+  # children's, each as `XmY.YYYs`.
+  defp pgbench_cpu_us(_out, n) when n in [nil, 0], do: nil
+
+  defp pgbench_cpu_us(out, transactions) do
+    case Regex.scan(~r/^(\d+)m([\d.]+)s (\d+)m([\d.]+)s$/m, out) do
+      [_shell, [_, um, us, sm, ss]] ->
+        seconds = fn m, s -> String.to_integer(m) * 60 + String.to_float(s) end
+        (seconds.(um, us) + seconds.(sm, ss)) * 1.0e6 / transactions
+
+      _ ->
+        nil
+    end
   end
 
   ## Statements and transactions per call, from the server's counters
-
-  # Each public function runs @statement_rounds times, alone, on a pool that
-  # logs in as a role of its own, created for this: pg_stat_statements counts
-  # per role, so the statements this role ran are exactly the library's, never
-  # another session's (tests of others may run the same SQL meanwhile).
-  # BEGIN/COMMIT/SAVEPOINT are counted too (pg_stat_statements.track_utility),
-  # so "no transaction control" proves each statement was its own transaction.
-  defp statements_check(ctx) do
-    info(ctx, "statements per call")
-
-    with :ok <- pg_stat_statements(ctx),
-         {:ok, role, url} <- bench_role(ctx) do
-      try do
-        :ok = Native.start(%{ctx.options | url: url, pool_size: 1})
-        steps = statement_steps()
-        # Prepare every statement first: PREPARE is not an execution.
-        Enum.each(steps, fn {_, fun} -> fun.() end)
-
-        rows =
-          for {name, fun} <- steps do
-            {s0, t0} = role_counts(ctx, role)
-            for _ <- 1..@statement_rounds, do: fun.()
-            {s1, t1} = role_counts(ctx, role)
-            {name, @statement_rounds, s1 - s0, t1 - t0}
-          end
-
-        %{method: :pg_stat_statements, rows: rows}
-      after
-        :ok = Native.start(ctx.options)
-        drop_role(ctx, role)
-      end
-    else
-      {:error, why} ->
-        info(
-          ctx,
-          "  pg_stat_statements or a role of its own unavailable (#{why}); xact_commit deltas"
-        )
-
-        xact_check(ctx)
-    end
-  end
 
   defp statement_steps do
     {c, u, r} = {chat("stmts", 0), user("stmts", 0), ref("stmts", 0)}
@@ -598,66 +648,51 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     ]
   end
 
-  defp pg_stat_statements(ctx) do
-    psql!(ctx, ["CREATE EXTENSION IF NOT EXISTS pg_stat_statements"])
-    psql!(ctx, ["SELECT count(*) FROM pg_stat_statements WHERE false"])
-    :ok
-  rescue
-    e -> {:error, Exception.message(e) |> String.split("\n") |> hd()}
-  end
+  # Each public function @statement_rounds times in a row, on a pool of one
+  # connection counted by Bench.StatementCounter (a role of its own, its
+  # statements and transaction control in pg_stat_statements).
+  defp statements_check(ctx) do
+    info("statements per call")
+    reset!(ctx)
 
-  defp bench_role(ctx) do
-    role = "locks_bench_" <> binary_part(md5("#{System.unique_integer()}#{:os.getpid()}"), 0, 10)
-    password = md5(:crypto.strong_rand_bytes(16))
-    uri = URI.parse(ctx.url)
+    case counted_statements(ctx) do
+      {:ok, counted} ->
+        counted
 
-    if uri.scheme in ["postgres", "postgresql"] and uri.host do
-      psql!(ctx, [
-        "CREATE ROLE #{role} LOGIN PASSWORD '#{password}'",
-        "GRANT USAGE ON SCHEMA \"#{@schema}\" TO #{role}",
-        "GRANT SELECT, INSERT, UPDATE ON #{ctx.chats}, #{ctx.users} TO #{role}"
-      ])
-
-      {:ok, role, URI.to_string(%{uri | userinfo: "#{role}:#{password}"})}
-    else
-      {:error, "DATABASE_URL is not a postgres:// URL"}
+      {:error, why} ->
+        info("  #{why}")
+        info("  counting pg_stat_database.xact_commit deltas instead")
+        xact_check(ctx)
     end
-  rescue
-    e -> {:error, Exception.message(e) |> String.split("\n") |> hd()}
   end
 
-  defp drop_role(ctx, role) do
-    # The pool that logged in as `role` was just replaced: wait for its
-    # backends to go, then drop the role and its grants.
-    Enum.reduce_while(1..50, nil, fn _, _ ->
-      case psql!(ctx, ["SELECT count(*) FROM pg_stat_activity WHERE usename = '#{role}'"]) do
-        [["0"]] ->
-          {:halt, :ok}
-
-        _ ->
-          Process.sleep(100)
-          {:cont, nil}
+  defp counted_statements(ctx) do
+    with {:ok, counter} <- StatementCounter.open(ctx.options, pool_size: 1) do
+      try do
+        {:ok, count_statements(counter)}
+      rescue
+        e in Locks.Error ->
+          {:error, "the counter's role cannot run the calls (#{Exception.message(e)})"}
+      after
+        with {:error, why} <- StatementCounter.close(counter), do: info("  #{why}")
       end
-    end)
-
-    psql!(ctx, ["DROP OWNED BY #{role}", "DROP ROLE #{role}"])
+    end
   end
 
-  @transaction_control "^\\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT|SAVEPOINT|RELEASE|PREPARE\\s+TRANSACTION)"
+  defp count_statements(counter) do
+    steps = statement_steps()
+    # Prepare every statement first: a PREPARE is not an execution.
+    Enum.each(steps, fn {_, fun} -> fun.() end)
 
-  # {statements, of which transaction control} the role ran in this database.
-  defp role_counts(ctx, role) do
-    [[all, tc]] =
-      psql!(ctx, [
-        """
-        SELECT coalesce(sum(calls), 0), coalesce(sum(calls) FILTER (WHERE query ~* '#{@transaction_control}'), 0)
-        FROM pg_stat_statements
-        WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = '#{role}')
-          AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-        """
-      ])
+    rows =
+      for {name, fun} <- steps do
+        case StatementCounter.count(counter, fn -> for _ <- 1..@statement_rounds, do: fun.() end) do
+          {:ok, %{statements: s, transaction_control: tc}} -> {name, @statement_rounds, s, tc}
+          {:error, why} -> fail(why)
+        end
+      end
 
-    {String.to_integer(all), String.to_integer(tc)}
+    %{method: :pg_stat_statements, rows: rows}
   end
 
   # Without pg_stat_statements: the database's committed transactions, which
@@ -691,7 +726,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   ## Where the time of one call goes (1 caller, no concurrency)
 
   defp overhead(ctx) do
-    info(ctx, "overhead of one held?/3, step by step")
+    info("overhead of one held?/3, step by step")
     reset!(ctx)
     {c, u, r} = {chat("reads", 0), user("reads", 0), ref("reads", 0)}
     :ok = Locks.acquire(c, u, r, @ttl)
@@ -713,15 +748,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     bytes = fn uuid -> Base.decode16!(String.replace(uuid, "-", ""), case: :mixed) end
     {cb, ub} = {bytes.(c), bytes.(u)}
 
-    # A turn and the call's stamp, as Locks takes them (no one waits here).
-    turn = fn ->
-      start = System.monotonic_time(:nanosecond)
-      {Native.admit(start), start}
-    end
-
-    bad_arg = fn ->
-      {token, start} = turn.()
-
+    # A call that enters the gate with its turn, gives it back and raises
+    # before any I/O: it rejects its first argument.
+    rejected = fn token, start ->
       try do
         Native.held?(token, start, "not-a-uuid", ub, r)
       rescue
@@ -729,10 +758,37 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       end
     end
 
+    # A turn and the call's stamp, as Locks takes them.
+    turn = fn ->
+      start = System.monotonic_time(:nanosecond)
+      {Locks.turn!(start), start}
+    end
+
+    # Native.admit/1 alone: each turn it hands out is used right after,
+    # untimed, by a rejected call, so that turns never pile up.
+    admit = fn ->
+      lats =
+        for i <- 1..(200 + n) do
+          start = System.monotonic_time(:nanosecond)
+          t0 = :erlang.monotonic_time()
+          token = Native.admit(start)
+          t1 = :erlang.monotonic_time()
+          true = is_integer(token)
+          rejected.(token, start)
+          if i > 200, do: t1 - t0
+        end
+
+      lats |> Enum.reject(&is_nil/1) |> stats()
+    end
+
     rows = [
       {"normal-scheduler NIF, no work (Native.loaded/0)", time.(fn -> Native.loaded() end)},
-      {"a turn: Native.admit/1 (normal scheduler)", time.(turn)},
-      {"dirty-I/O NIF, rejected argument (no tokio, no I/O)", time.(bad_arg)},
+      {"a turn alone: Native.admit/1 (normal scheduler)", admit.()},
+      {"a turn + a dirty-I/O NIF that takes it, rejects its argument and gives it back (no tokio, no I/O)",
+       time.(fn ->
+         {token, start} = turn.()
+         rejected.(token, start)
+       end)},
       {"Native.held/5 (a turn, then the NIF: decode, pool, statement, reply)",
        time.(fn ->
          {token, start} = turn.()
@@ -771,13 +827,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     Library: the public calls from N Elixir processes, each op timed with
     `:erlang.monotonic_time`. pgbench: `pgbench -M prepared -c N -j N -T #{ctx.duration}`
-    running the same statement texts (`Native.statements/0`), latencies from its
-    `-l` log. An op is the unit in the table (two or three calls for most
-    workloads). ratio = library ops/s ÷ pgbench ops/s; Δp50 = library p50 −
-    pgbench p50. "BEGIN … COMMIT ×2" is the cycle as two multi-statement
-    transactions through pgbench (what a caller would otherwise run); its row
-    compares the library's cycle with it. probe p99: round trip of a message
-    between two processes on normal schedulers while the library side ran.
+    running the same statement texts (read off the wire as the pool sends
+    them), latencies from its `-l` log. An op is the unit in the table (two or
+    three calls for most workloads). ratio = library ops/s ÷ pgbench ops/s;
+    Δp50 = library p50 − pgbench p50. "BEGIN … COMMIT ×2" is the cycle as two
+    multi-statement transactions through pgbench (what a caller would
+    otherwise run); its row compares the library's cycle with it. CPU: the
+    VM's (every BEAM thread's utime + stime from /proc/self/task/*/stat over
+    the timed part, #{CPU.hz()} ticks a second) per op and per call, and
+    pgbench's own per transaction (an op); the server's is in neither. While
+    the library side ran, every millisecond: probe p99, the round trip of a
+    message between two processes on normal schedulers; file read p99, a
+    1-byte `File.read/1`, which needs a dirty-I/O scheduler as the lock
+    calls do.
     """
 
     tables =
@@ -806,17 +868,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     )
   end
 
-  defp pool_size(ctx), do: ctx.options.pool_size || 10
+  defp pool_size(ctx), do: ctx.options.pool_size
 
   defp table(cases) do
     head =
-      "| workload | callers | op | library ops/s | p50 µs | p99 µs | max µs | pgbench ops/s | p50 µs | p99 µs | max µs | ratio | Δp50 µs | probe p99 µs |\n" <>
-        "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
+      "| workload | callers | op | library ops/s | p50 µs | p99 µs | max µs | CPU µs/op | CPU µs/call " <>
+        "| pgbench ops/s | p50 µs | p99 µs | max µs | CPU µs/op | ratio | Δp50 µs | probe p99 µs " <>
+        "| file read p99 µs |\n" <>
+        "|---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n"
 
     rows =
       Enum.flat_map(cases, fn c ->
         lib = c[:library]
-        main = row(c.id, c.callers, c.unit, lib, c[:pgbench], lib && lib.probe)
+        main = row(c.id, c.callers, c.unit, lib, c[:pgbench], lib)
 
         ref =
           if c[:reference],
@@ -838,18 +902,24 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     head <> Enum.join(rows, "\n") <> "\n"
   end
 
-  defp row(id, callers, unit, lib, pg, probe) do
+  # `probes`: the library side, whose probes ran (nil on a reference row).
+  defp row(id, callers, unit, lib, pg, probes) do
     cells =
       [id, callers, unit] ++
         figures(lib) ++
+        [cpu(lib, :cpu_op), cpu(lib, :cpu_call)] ++
         figures(pg) ++
-        [ratio(lib, pg), delta(lib, pg), fmt(probe && probe.p99)]
+        [cpu(pg, :cpu_op), ratio(lib, pg), delta(lib, pg)] ++
+        [fmt(probes && probes.probe.p99), fmt(probes && probes.file_io && probes.file_io.p99)]
 
     "| " <> Enum.join(cells, " | ") <> " |"
   end
 
   defp figures(nil), do: ["–", "–", "–", "–"]
   defp figures(s), do: [fmt(s.ops, 0), fmt(s.p50), fmt(s.p99), fmt(s.max)]
+
+  defp cpu(nil, _key), do: "–"
+  defp cpu(s, key), do: fmt(s[key], 1)
 
   defp ratio(%{ops: a}, %{ops: b}) when is_number(a) and is_number(b) and b > 0,
     do: :erlang.float_to_binary(a / b, decimals: 2)
@@ -888,11 +958,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           sides = Enum.map(cases, & &1[side])
 
           merged =
-            Map.new([:ops, :p50, :p99, :max], fn k -> {k, med(Enum.map(sides, & &1[k]))} end)
+            Map.new([:ops, :p50, :p99, :max, :cpu_op, :cpu_call], fn k ->
+              {k, med(Enum.map(sides, & &1[k]))}
+            end)
 
           merged =
             if side == :library,
-              do: Map.put(merged, :probe, %{p99: med(Enum.map(sides, & &1.probe.p99))}),
+              do:
+                Map.merge(merged, %{
+                  probe: %{p99: med(Enum.map(sides, & &1.probe.p99))},
+                  file_io: %{p99: med(Enum.map(sides, &(&1.file_io && &1.file_io.p99)))}
+                }),
               else: merged
 
           Map.put(acc, side, merged)
@@ -1016,13 +1092,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   ## Helpers
 
   defp psql!(ctx, commands) do
-    args =
-      ["-X", "-q", "-A", "-t", "-F", "\t", "-v", "ON_ERROR_STOP=1", "-d", ctx.url] ++
-        Enum.flat_map(commands, &["-c", &1])
-
-    case System.cmd("psql", args, stderr_to_stdout: true, env: [{"PGCONNECT_TIMEOUT", "10"}]) do
-      {out, 0} -> out |> String.split("\n", trim: true) |> Enum.map(&String.split(&1, "\t"))
-      {out, status} -> raise "psql exited #{status}: #{out}"
+    case Psql.query(ctx.options, commands) do
+      {:ok, rows} -> rows
+      {:error, why} -> fail(why)
     end
   end
 
@@ -1033,5 +1105,5 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     end
   end
 
-  defp info(_ctx, text), do: IO.puts(:stderr, "locks.bench: " <> text)
+  defp info(text), do: IO.puts(:stderr, "locks.bench: " <> text)
 end

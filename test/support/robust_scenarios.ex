@@ -42,6 +42,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults do
   # `pg_ctl stop -m immediate`), keeps the load going for `after_ms`, stops
   # it and returns everything the test asserts on.
 
+  alias PhoenixKitAgent.Turns.Locks.Bench.Probe
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
 
   def run(%{chats: chats, users: users, fault: fault, warm: warm, after_ms: after_ms}) do
@@ -159,52 +160,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults do
     {ms, content}
   end
 
-  @doc "Starts the probe of the normal schedulers; `stop_probe/1` gives the longest delay in ms."
-  def start_probe do
-    spawn(fn ->
-      echo = spawn_link(fn -> echo() end)
-      probe(echo, 0)
-    end)
-  end
+  @doc """
+  Starts the probe of the normal schedulers (Bench.Probe, which `mix
+  locks.bench` uses too): every 5 ms, a message round trip to another
+  process. `stop_probe/1` gives the longest delay in ms, a round trip or a
+  wake-up later than asked: how long the normal schedulers were unavailable.
+  """
+  def start_probe, do: Probe.start(interval_ms: 5)
 
-  defp echo do
-    receive do
-      {:ping, from} -> send(from, :pong)
-    end
-
-    echo()
-  end
-
-  # The probe: every 5 ms a message round trip to another process. The
-  # longest delay seen (a round trip, or a wake-up later than asked) is how
-  # long the normal schedulers were unavailable.
-  defp probe(echo, max) do
-    asleep = System.monotonic_time(:microsecond)
-
-    receive do
-      {:stop, from} -> send(from, {:probe_max, max})
-    after
-      5 ->
-        started = System.monotonic_time(:microsecond)
-        send(echo, {:ping, self()})
-
-        receive do
-          :pong -> :ok
-        end
-
-        late = started - asleep - 5_000
-        rtt = System.monotonic_time(:microsecond) - started
-        probe(echo, Enum.max([max, late, rtt]))
-    end
-  end
-
-  def stop_probe(probe) do
-    send(probe, {:stop, self()})
-
-    receive do
-      {:probe_max, us} -> us / 1000
-    end
-  end
+  def stop_probe(probe), do: Probe.stop(probe).worst / 1000
 
   defp now, do: System.monotonic_time(:millisecond)
 end

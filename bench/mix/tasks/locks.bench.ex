@@ -2,12 +2,20 @@ defmodule Mix.Tasks.Locks.Bench do
   @shortdoc "Benchmarks the lock calls against pgbench running the same SQL"
   @moduledoc """
   Measures the lock calls from Elixir and compares them with `pgbench`
-  running the library's own statements, in one run, against the configured
-  database (`:url` or `DATABASE_URL`).
+  running the library's own statements, in one run, against the database
+  the library is configured for: `config :phoenix_kit_agent_locks` with
+  `url:`, `repo:` or discrete settings, or `DATABASE_URL`, resolved as the
+  application resolves it. `psql` and `pgbench` are given that connection
+  through libpq's environment (`PGHOST`, `PGPORT`, `PGUSER`, `PGPASSWORD`,
+  `PGDATABASE`, `PGSSLMODE`), so a `repo:` configuration needs no URL.
 
       mix locks.bench
       mix locks.bench --duration 10 --runs 3 --out bench/results.md
       mix locks.bench --quick --workloads cycle,reads
+      mix locks.bench --workloads cycle --cycle-callers 50 --pool-size 6
+
+  The task is the project's own: it lives in `bench/`, compiled in `:dev`
+  and `:test` only, never into a host's release.
 
   Workloads, each timed from Elixir processes and then through
   `pgbench -M prepared -c N -j N -T duration` at the same concurrency:
@@ -20,19 +28,32 @@ defmodule Mix.Tasks.Locks.Bench do
     * `reads`: `held?/3` and `fresh?/3`, 10 callers;
     * `click`: `acquire_user/4`, `keep_user/4`, `release_user/2`, 10 callers;
     * `statements`: how many statements and transactions one call of each
-      function costs, read from `pg_stat_statements` (created if missing;
-      falls back to `pg_stat_database.xact_commit`);
-    * `overhead`: the steps of one `held?/3`, serially.
+      function costs, from `pg_stat_statements` under a role created for
+      the count and dropped after it (the extension must exist in the
+      database: the bench does not create it); without it, or without the
+      right to create a role, `pg_stat_database.xact_commit` deltas, an
+      upper bound;
+    * `overhead`: the steps of one `held?/3`, serially: a normal-scheduler
+      NIF, the admission gate's turn alone (`Native.admit/1`), a turn and a
+      dirty-I/O NIF that does no I/O, the whole call.
 
   For each: ops/s and the p50/p99/max latency a caller sees, the same for
-  pgbench, their ratio and the p50 difference; during the library runs, a
-  probe on a normal scheduler times message round trips (its p99). One
-  markdown table is printed and written to `--out`.
+  pgbench, their ratio and the p50 difference; the VM's CPU time per op and
+  per call (every BEAM thread's utime + stime, `/proc/self/task/*/stat`,
+  over the timed part) and pgbench's per transaction; and, during the
+  library runs, the p99 of a message round trip between two processes on
+  normal schedulers and of a 1-byte file read (which waits for a dirty-I/O
+  scheduler, as the lock calls do). One markdown report is printed and
+  written to `--out`.
+
+  The statement texts pgbench runs are those the pool sends, read off the
+  wire by a proxy the bench puts in front of a pool of its own: the NIF
+  exports nothing for the bench.
 
   The bench works in a schema of its own, `phoenix_kit_agent_locks_bench`
-  (created, with its rows, if missing), and never touches other rows. It
-  needs `pgbench` and `psql` on the PATH, and for the statement count a role
-  that may create a role (the private cluster's `locks` is a superuser).
+  (created, with its tables and rows, if missing), and never touches other
+  rows. It needs `pgbench`, `psql` and, for pgbench's CPU time, `bash` on
+  the PATH; the VM's CPU time needs Linux's `/proc`.
 
   ## Options
 
@@ -45,6 +66,9 @@ defmodule Mix.Tasks.Locks.Bench do
       `statements,overhead,cycle,hot,reads,click`. Defaults to all.
     * `--cycle-callers` - comma-separated caller counts for `cycle`.
       Defaults to `1,10,50`.
+    * `--pool-size` - the pool's size (and so the most calls that run at
+      once) for this run, instead of the configured one. Defaults to the
+      configuration's (dirty-I/O schedulers − 2 unless set).
     * `--quick` - 1 second per run and 300 ms of warm-up, for a smoke run.
     * `--out` - the markdown file. Defaults to `bench/results.md`.
   """
@@ -52,6 +76,7 @@ defmodule Mix.Tasks.Locks.Bench do
   use Mix.Task
 
   alias PhoenixKitAgent.Turns.Locks.Bench
+  alias PhoenixKitAgent.Turns.Locks.Config
 
   @switches [
     duration: :integer,
@@ -59,6 +84,7 @@ defmodule Mix.Tasks.Locks.Bench do
     runs: :integer,
     workloads: :string,
     cycle_callers: :string,
+    pool_size: :integer,
     quick: :boolean,
     out: :string
   ]
@@ -79,21 +105,43 @@ defmodule Mix.Tasks.Locks.Bench do
         )
     end
 
+    pool_size = if opts[:pool_size], do: pool_size(opts[:pool_size])
+
     opts = [
       duration: positive(opts, :duration, if(quick, do: 1, else: 5)),
       warmup: positive(opts, :warmup, if(quick, do: 300, else: 1000)),
       runs: positive(opts, :runs, 1),
       workloads: workloads,
-      cycle_callers: opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&String.to_integer/1),
+      cycle_callers: opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&caller_count/1),
+      pool_size: pool_size,
       out: opts[:out] || "bench/results.md"
     ]
 
     Mix.Task.run("app.start")
-    Bench.run(opts)
+
+    case Bench.run(opts) do
+      {:ok, _report} -> :ok
+      {:error, message} -> Mix.raise("locks.bench: " <> message)
+    end
+  end
+
+  # Checked as the configuration's pool_size is, with its limits.
+  defp pool_size(n) do
+    Config.check!(:pool_size, n, "--pool-size")
+  rescue
+    e in PhoenixKitAgent.Turns.Locks.Error -> Mix.raise("locks.bench: " <> Exception.message(e))
   end
 
   defp list(nil, default), do: default
   defp list(text, _default), do: text |> String.split(",", trim: true) |> Enum.map(&String.trim/1)
+
+  # The rows of a workload are 50 per kind: caller k uses row k.
+  defp caller_count(text) do
+    case Integer.parse(text) do
+      {n, ""} when n in 1..50 -> n
+      _ -> Mix.raise("locks.bench: --cycle-callers takes numbers from 1 to 50, got #{text}")
+    end
+  end
 
   defp positive(opts, key, default) do
     case Keyword.get(opts, key, default) do

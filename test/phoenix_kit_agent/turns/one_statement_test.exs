@@ -1,49 +1,28 @@
 defmodule PhoenixKitAgent.Turns.OneStatementTest do
   # One statement, in its own transaction, per public call: the design's
-  # promise (it more than halves a caller's latency), counted on the server.
-  #
-  # pg_stat_statements counts executions per role, and counts BEGIN, COMMIT,
-  # SAVEPOINT… too. So the pool is restarted logged in as a role made for this
-  # module alone: the role's statements are exactly the library's, whatever
-  # else runs on the database meanwhile (other tests, other test runs), and a
-  # role that ran no transaction control ran every statement in autocommit,
-  # one transaction each. (`pg_stat_database.xact_commit` would count the
-  # whole database's transactions.) async: false, since the pool is global.
+  # promise (it more than halves a caller's latency), counted on the server
+  # by Bench.StatementCounter (bench/statement_counter.ex, which `mix
+  # locks.bench` counts with too): the pool is restarted logged in as a role
+  # made for this module alone, whose statements pg_stat_statements counts,
+  # BEGIN/COMMIT/SAVEPOINT… included. async: false, since the pool is global.
   use ExUnit.Case, async: false
 
   alias PhoenixKitAgent.Turns.Locks
-  alias PhoenixKitAgent.Turns.Locks.{Config, Native, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.{Config, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.Bench.StatementCounter
 
   @rounds 20
 
   setup_all do
     ensure_pg_stat_statements!()
-    hex = fn -> Base.encode16(:crypto.strong_rand_bytes(6), case: :lower) end
-    {role, password} = {"locks_one_stmt_" <> hex.(), hex.()}
-
-    TestDB.query!("CREATE ROLE #{role} LOGIN PASSWORD '#{password}'")
-
-    TestDB.query!(
-      "GRANT SELECT, INSERT, UPDATE ON phoenix_kit_agent_conversations, " <>
-        "phoenix_kit_agent_user_settings TO #{role}"
-    )
-
     {:ok, config} = Config.read()
-    :ok = Native.start(%{config | username: role, password: password})
-
-    on_exit(fn ->
-      # Back to the configured pool; the role's connections close with the
-      # old one, and a role with live sessions cannot be dropped.
-      :ok = Native.start(config)
-      wait_until_gone(role, 50)
-      TestDB.query!("DROP OWNED BY #{role}; DROP ROLE #{role}")
-    end)
-
-    %{role: role}
+    {:ok, counter} = StatementCounter.open(config)
+    on_exit(fn -> :ok = StatementCounter.close(counter) end)
+    %{counter: counter}
   end
 
   test "every public call, a refusal too, is one statement and no BEGIN/COMMIT on the server", %{
-    role: role
+    counter: counter
   } do
     [chat, other_chat] = TestDB.insert_chats!(2)
     {user, click_user, click} = {TestDB.uuid(), TestDB.uuid(), Locks.click_ref()}
@@ -71,29 +50,19 @@ defmodule PhoenixKitAgent.Turns.OneStatementTest do
 
     counted =
       for {name, call} <- calls do
-        {statements, control} = counts(role)
-        for _ <- 1..@rounds, do: call.()
-        {statements_after, control_after} = counts(role)
-        {name, statements: statements_after - statements, begin_commit: control_after - control}
+        {:ok, counts} =
+          StatementCounter.count(counter, fn -> for _ <- 1..@rounds, do: call.() end)
+
+        {name, counts}
       end
 
-    assert counted == for({name, _} <- calls, do: {name, statements: @rounds, begin_commit: 0})
+    assert counted ==
+             for({name, _} <- calls, do: {name, %{statements: @rounds, transaction_control: 0}})
   end
 
-  # {statements run, of which transaction control} by `role` in this database.
-  defp counts(role) do
-    [[statements, control]] =
-      TestDB.query!("""
-      SELECT coalesce(sum(calls), 0),
-             coalesce(sum(calls) FILTER (WHERE query ~* '^\\s*(BEGIN|START|COMMIT|END|ROLLBACK|ABORT|SAVEPOINT|RELEASE|PREPARE\\s+TRANSACTION)'), 0)
-      FROM pg_stat_statements
-      WHERE userid = (SELECT oid FROM pg_roles WHERE rolname = '#{role}')
-        AND dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
-      """)
-
-    {String.to_integer(statements), String.to_integer(control)}
-  end
-
+  # The server preloads pg_stat_statements (scripts/pg does); the view is
+  # this test database's to create. The counter itself creates nothing but
+  # its role.
   defp ensure_pg_stat_statements! do
     TestDB.query!("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
     TestDB.query!("SELECT 1 FROM pg_stat_statements LIMIT 1")
@@ -112,19 +81,5 @@ defmodule PhoenixKitAgent.Turns.OneStatementTest do
                 ],
                 __STACKTRACE__
       end
-  end
-
-  defp wait_until_gone(role, tries) do
-    case TestDB.query!("SELECT count(*) FROM pg_stat_activity WHERE usename = '#{role}'") do
-      [["0"]] ->
-        :ok
-
-      _ when tries > 0 ->
-        Process.sleep(100)
-        wait_until_gone(role, tries - 1)
-
-      _ ->
-        :ok
-    end
   end
 end
