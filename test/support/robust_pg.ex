@@ -38,12 +38,51 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
     do: match?({_, 0}, System.cmd("runuser", ["-u", "postgres", "--", "test", "-x", dir]))
 
   @doc """
-  Holds an exclusive lock on `dir` for as long as the calling process lives
-  (a `flock` child that waits on its stdin): two runs of the suite in one
-  checkout take turns with the fault cluster instead of stopping it under
-  each other.
+  Takes the fault cluster for the calling test module, from `setup_all`:
+  an exclusive lock on its directory, held by a process of its own until
+  the module's `on_exit` has stopped the cluster (two modules, or two runs
+  of the suite in one checkout, take turns with it instead of stopping it
+  under each other); then starts it on a port of its own. `{dir, url}`.
   """
-  def lock!(dir) do
+  def take_faults_cluster! do
+    dir = faults_dir()
+    test = self()
+
+    holder =
+      spawn(fn ->
+        port = lock!(dir)
+        send(test, {:locked, self()})
+
+        receive do
+          {:release, from} ->
+            Port.close(port)
+            send(from, :released)
+        end
+      end)
+
+    receive do
+      {:locked, ^holder} -> :ok
+    after
+      600_000 -> raise "could not lock #{dir} within 10 minutes"
+    end
+
+    ExUnit.Callbacks.on_exit(fn ->
+      stop!(dir)
+      send(holder, {:release, self()})
+
+      receive do
+        :released -> :ok
+      after
+        10_000 -> :ok
+      end
+    end)
+
+    {dir, own_port!(dir, start!(dir))}
+  end
+
+  # An exclusive lock on `dir` for as long as the calling process lives (a
+  # `flock` child that waits on its stdin).
+  defp lock!(dir) do
     port =
       Port.open({:spawn_executable, System.find_executable("flock")}, [
         :binary,
@@ -54,8 +93,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
 
     receive do
       {^port, {:data, {:eol, "locked"}}} -> port
-    after
-      600_000 -> raise "could not lock #{dir} within 10 minutes"
     end
   end
 

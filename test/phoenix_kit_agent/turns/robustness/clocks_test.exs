@@ -70,7 +70,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.ClocksTest do
 
       # The variant is what it claims to be: the DB's zone and column type,
       # and a node clock whose local time is far from UTC.
-      assert result.db_timezone == {server_tz, @data_types[type]}, name
+      assert result.db_timezone == {server_tz, @data_types[type]},
+             "#{name}: #{inspect(result.db_timezone)}"
 
       if node_tz,
         do: assert(result.node_utc_offset_s != 0, "#{name}: TZ=#{node_tz} not in effect")

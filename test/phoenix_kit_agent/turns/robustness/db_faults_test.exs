@@ -28,16 +28,13 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
   @probe_bound_ms 1_000
 
   setup_all do
-    dir = Pg.faults_dir()
-    _lock = Pg.lock!(dir)
-    url = Pg.own_port!(dir, Pg.start!(dir))
+    {dir, url} = Pg.take_faults_cluster!()
     # The shared cluster runs with synchronous_commit = off (speed); here a
     # commit must survive `-m immediate`, or "every lock committed before
     # the crash is still there" would test the server's settings instead.
     TestDB.query!("ALTER SYSTEM SET synchronous_commit = on", url)
     TestDB.query!("SELECT pg_reload_conf()", url)
     TestDB.query!(PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil), url)
-    on_exit(fn -> Pg.stop!(dir) end)
     %{dir: dir, url: url}
   end
 

@@ -30,11 +30,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
   @callers 50
 
   setup_all do
-    dir = Pg.faults_dir()
-    _lock = Pg.lock!(dir)
-    url = Pg.own_port!(dir, Pg.start!(dir))
+    {dir, url} = Pg.take_faults_cluster!()
     TestDB.query!(PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil), url)
-    on_exit(fn -> Pg.stop!(dir) end)
     %{dir: dir, url: url}
   end
 
