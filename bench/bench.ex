@@ -33,7 +33,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   (`Bench.StatementCounter`, pg_stat_statements under a role of its own;
   without it, `pg_stat_database.xact_commit` deltas), and `overhead` times
   the steps of one `held?/3` serially, the turn of the admission gate
-  (`Native.admit/1`) among them.
+  (`Native.admit/3`) among them.
 
   The statement texts pgbench runs are read off the wire (`Bench.Wire`):
   a pool of the bench's own runs each public call once through a proxy that
@@ -752,26 +752,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     # before any I/O: it rejects its first argument.
     rejected = fn token, start ->
       try do
-        Native.held?(token, start, "not-a-uuid", ub, r)
+        Native.run(token, start, :held?, ["not-a-uuid", ub, r])
       rescue
         ArgumentError -> :ok
       end
     end
 
-    # A turn and the call's stamp, as Locks takes them.
+    # A turn and the call's stamp, as Locks takes them (nobody waits here).
     turn = fn ->
       start = System.monotonic_time(:nanosecond)
-      {Locks.turn!(start), start}
+      {Native.admit(start, :held?, [cb, ub, r]), start}
     end
 
-    # Native.admit/1 alone: each turn it hands out is used right after,
+    # Native.admit/3 alone: each turn it hands out is used right after,
     # untimed, by a rejected call, so that turns never pile up.
     admit = fn ->
       lats =
         for i <- 1..(200 + n) do
           start = System.monotonic_time(:nanosecond)
           t0 = :erlang.monotonic_time()
-          token = Native.admit(start)
+          token = Native.admit(start, :held?, [cb, ub, r])
           t1 = :erlang.monotonic_time()
           true = is_integer(token)
           rejected.(token, start)
@@ -783,16 +783,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     rows = [
       {"normal-scheduler NIF, no work (Native.loaded/0)", time.(fn -> Native.loaded() end)},
-      {"a turn alone: Native.admit/1 (normal scheduler)", admit.()},
+      {"a turn alone: Native.admit/3 (normal scheduler)", admit.()},
       {"a turn + a dirty-I/O NIF that takes it, rejects its argument and gives it back (no tokio, no I/O)",
        time.(fn ->
          {token, start} = turn.()
          rejected.(token, start)
        end)},
-      {"Native.held/5 (a turn, then the NIF: decode, pool, statement, reply)",
+      {"Native.run/4 of held? (a turn, then the NIF: decode, pool, statement, reply)",
        time.(fn ->
          {token, start} = turn.()
-         true = Native.held?(token, start, cb, ub, r)
+         true = Native.run(token, start, :held?, [cb, ub, r])
        end)},
       {"Locks.held?/3 (adds the Elixir argument checks)",
        time.(fn -> true = Locks.held?(c, u, r) end)}

@@ -48,13 +48,12 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   end
 
   @doc """
-  Calls `Native.fun` as `PhoenixKitAgent.Turns.Locks` does: with a turn
-  and the call's stamp, and every valid uuid string of `args` as its 16
-  bytes (anything else is passed as it is).
+  Makes the NIF call of `fun` as `PhoenixKitAgent.Turns.Locks` does
+  (`Locks.call/3`: a turn, the call's stamp), with every valid uuid string
+  of `args` as its 16 bytes (anything else is passed as it is).
   """
   def native(fun, args) do
-    start = System.monotonic_time(:nanosecond)
-    apply(Native, fun, [Locks.turn!(start), start | Enum.map(args, &uuid_bytes/1)])
+    Locks.call(fun, System.monotonic_time(:nanosecond), Enum.map(args, &uuid_bytes/1))
   end
 
   @doc "The 16 bytes of a hyphenated uuid string; any other term as it is."

@@ -234,10 +234,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
 
   defp call(Locks, f, a), do: apply(Locks, f, a)
 
-  defp call(Native, f, a) do
-    start = System.monotonic_time(:nanosecond)
-    apply(Native, f, [Locks.turn!(start), start | a])
-  end
+  defp call(Native, f, a), do: Locks.call(f, System.monotonic_time(:nanosecond), a)
 
   defp decode_error(%ErlangError{original: "Could not decode field " <> _}), do: :decode_error
   defp decode_error(e), do: {:unexpected, inspect(e)}

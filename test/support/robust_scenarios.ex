@@ -346,11 +346,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
     :calendar.datetime_to_gregorian_seconds(local) - :calendar.datetime_to_gregorian_seconds(utc)
   end
 
+  # The database's own TimeZone (what a connection gets when its client
+  # asks for none: TestDB's psql asks for UTC), and the column's type.
   defp db_timezone(url) do
     [[tz, type]] =
       TestDB.query!(
         """
-        SELECT current_setting('TimeZone'),
+        SELECT (SELECT split_part(c, '=', 2)
+                FROM pg_db_role_setting, unnest(setconfig) AS c
+                WHERE setrole = 0 AND c ILIKE 'timezone=%'
+                  AND setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())),
                (SELECT data_type FROM information_schema.columns
                 WHERE table_name = 'phoenix_kit_agent_conversations' AND column_name = 'busy_since')
         """,
@@ -358,5 +363,71 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
       )
 
     {tz, type}
+  end
+end
+
+defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
+  @moduledoc false
+  # Callers that queue at the admission gate, in a child node: `start/1`
+  # starts each call in a process of its own, one after the other, and
+  # returns once the first runs and every other one waits in the queue, in
+  # the order given (so the test knows the order the gate serves them in);
+  # `answers/1` collects, for each, `{answer, ended}`: `Race.attempt/2`'s
+  # value and when the call returned (monotonic, microseconds).
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.Robust.Race
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
+
+  def start([first | queued]) do
+    collector = self_collector()
+    call(collector, 0, first)
+    :ok = Faults.until(fn -> Locks.status().pool.running == 1 end, 10_000)
+
+    for {call, i} <- Enum.with_index(queued, 1) do
+      call(collector, i, call)
+      :ok = Faults.until(fn -> Locks.status().pool.waiting == i end, 10_000)
+    end
+
+    :ok
+  end
+
+  @doc "`Native.admit/3` of a call stamped now (this node's clock): its value or what it raised."
+  def admit(function, args) do
+    Race.attempt_in(Locks.Native, :admit, [System.monotonic_time(:nanosecond), function, args])
+  end
+
+  def answers(n) do
+    send(__MODULE__, {:answers, self(), n})
+
+    receive do
+      {:answers, answers} -> answers
+    after
+      60_000 -> :no_answers
+    end
+  end
+
+  # A registered process that outlives the node call which started it.
+  defp self_collector do
+    pid = spawn(fn -> collect(%{}, nil) end)
+    Process.register(pid, __MODULE__)
+    pid
+  end
+
+  defp collect(answers, {from, n}) when map_size(answers) == n,
+    do: send(from, {:answers, for(i <- 0..(n - 1), do: answers[i])})
+
+  defp collect(answers, asker) do
+    receive do
+      {:answer, i, answer} -> collect(Map.put(answers, i, answer), asker)
+      {:answers, from, n} -> collect(answers, {from, n})
+    end
+  end
+
+  defp call(collector, i, {fun, args}) do
+    spawn(fn ->
+      answer = Race.attempt(fun, args)
+      send(collector, {:answer, i, {answer, System.monotonic_time(:microsecond)}})
+    end)
   end
 end

@@ -23,8 +23,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   Every call is one statement on a pooled connection, one round trip, run on
   a dirty-I/O scheduler; at most `pool_size` calls run at once, and a caller
-  beyond them waits its turn on a normal scheduler (see the README's
-  "Operating it"). A refusal is a return value; a failure to answer (no
+  beyond them waits on a normal scheduler, first come first served, until a
+  running call runs its statement for it or hands it its turn (see the
+  README's "Operating it"). A refusal is a return value; a failure to answer (no
   database, a timeout) raises `PhoenixKitAgent.Turns.Locks.Error`, whose
   reason says whether the statement may have run; a bad argument raises
   `ArgumentError` before anything is sent.
@@ -57,7 +58,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   url: …` (or `DATABASE_URL`), `pool_size`, and the timeouts.
   """
 
-  alias PhoenixKitAgent.Turns.Locks.{Native, Observe, Turn}
+  alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
 
   @typedoc "Why the user's lock was refused: a turn or a click holds it."
   @type user_busy :: :turn_in_flight | :click_in_flight
@@ -382,15 +383,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # from here, and the native side reads the same clock.
   defp stamp, do: System.monotonic_time(:nanosecond)
 
-  # Takes a turn (at most pool_size calls run at once, each on a dirty-I/O
-  # scheduler), then runs the NIF with it. A caller beyond them waits here,
-  # on a normal scheduler, first come first served, until its checkout
-  # deadline: then `leave/1` gives its place up and raises :pool_timeout.
-  # Each call is counted (status/0) and, when the host has :telemetry,
-  # emits :start and :stop (or :exception) events.
+  # Runs the call, counted (status/0) and, when the host has :telemetry,
+  # with :start and :stop (or :exception) events.
   defp run(function, start, args) do
     Observe.start(function, start)
-    result = apply(Native, function, [turn!(start), start | args])
+    result = call(function, start, args)
     Observe.stop(function, start, result)
     result
   rescue
@@ -400,31 +397,54 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc false
-  # A turn for a call stamped `start`: its token for the NIF.
-  def turn!(start) do
-    case Native.admit(start) do
+  # The NIF call of `function` with `args`, stamped `start`. At most
+  # pool_size calls run at once, each on a dirty-I/O scheduler; a caller
+  # beyond them leaves its call with the gate and waits here, on a normal
+  # scheduler, first come first served, until its checkout deadline: for a
+  # turn, or for the answer of a call that ran its job in its own turn
+  # (native/locks_nif/src/call.rs).
+  def call(function, start, args) do
+    case Native.admit(start, function, args) do
       {:wait, ticket, wait_ms} ->
         receive do
-          {:phoenix_kit_agent_locks, ^ticket, token} -> token
+          {:phoenix_kit_agent_locks, ^ticket, message} -> reply(message, function, start, args)
         after
-          wait_ms -> give_up(ticket)
+          wait_ms -> give_up(ticket, function, start, args)
         end
 
       token ->
-        token
+        Native.run(token, start, function, args)
     end
   end
 
-  # A turn may have been sent just as the wait ended: `leave/1` gives it
-  # back, and its message is dropped.
-  defp give_up(ticket) do
-    Native.leave(ticket)
-  after
+  defp reply({:turn, token}, function, start, args), do: Native.run(token, start, function, args)
+  defp reply({:done, answer}, _function, _start, _args), do: answer
+  defp reply({:raise, exception}, _function, _start, _args), do: raise(exception)
+
+  # The checkout deadline passed. `leave/2` takes the call out of the queue,
+  # or gives back a turn sent just now, and the call fails with
+  # :pool_timeout; or it says the job is running in another call's turn, and
+  # its answer is on its way (it may also have come just now).
+  defp give_up(ticket, function, start, args) do
+    {answer_within, timeout} =
+      case Native.leave(ticket, start) do
+        {:served, wait_ms} -> {wait_ms, no_answer(wait_ms)}
+        {:left, pool_timeout} -> {0, pool_timeout}
+      end
+
     receive do
-      {:phoenix_kit_agent_locks, ^ticket, _token} -> :ok
+      {:phoenix_kit_agent_locks, ^ticket, {:turn, _}} -> raise timeout
+      {:phoenix_kit_agent_locks, ^ticket, message} -> reply(message, function, start, args)
     after
-      0 -> :ok
+      answer_within -> raise timeout
     end
+  end
+
+  defp no_answer(wait_ms) do
+    %Error{
+      reason: :timeout,
+      message: "no answer from the call that ran this one within #{wait_ms} ms"
+    }
   end
 
   # The prefix of a click's ref: the native side's, which tells a refusal's

@@ -10,14 +10,18 @@
 //! schedulers free), so a turn also guarantees a free connection.
 //!
 //! * [`Gate::admit`]: a turn at once when one is free and nobody waits
-//!   (`Go(token)`), or a place in the queue (`Wait`): the caller then waits
-//!   on a normal scheduler, without spinning, for a [`Wake`] message, until
-//!   its checkout deadline.
+//!   (`Go(token)`), or a place in the queue (`Wait`) for the caller and its
+//!   call (`W`): the caller then waits on a normal scheduler, without
+//!   spinning, until its checkout deadline.
 //! * [`Gate::enter`]: the dirty-scheduler call trades its token for a
-//!   [`Permit`]; [`Gate::release`] gives it back when the call ends, and
-//!   hands the freed turn to the first live waiter.
+//!   [`Permit`]. When its own call is done, it may run the calls of the
+//!   first waiters itself ([`Gate::serve`]: the turn passes from call to
+//!   call without leaving the dirty scheduler, and the connection it stands
+//!   for is never idle between them); then [`Gate::release`] gives the turn
+//!   back and hands it to the first live waiter, as a [`Wake`].
 //! * [`Gate::leave`]: a waiter whose deadline passed takes itself out of
-//!   the queue, or gives back the turn it was handed too late.
+//!   the queue, or gives back the turn it was handed too late; it is told
+//!   when its call is being run by another, whose answer it then waits for.
 //!
 //! Waiters are served first come, first served: while anybody waits, a new
 //! caller queues behind them. A turn handed out but never used (its caller
@@ -27,7 +31,7 @@
 //! process is killed meanwhile.
 //!
 //! Times are the caller's monotonic clock, in nanoseconds; `W` is whatever
-//! names a waiter (a process, for the NIF).
+//! names a waiter and its call (a process and a job, for the NIF).
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -62,7 +66,21 @@ pub struct Wake<W> {
 /// A running call's turn; give it back with [`Gate::release`].
 #[must_use = "a permit must be given back with Gate::release"]
 #[derive(Debug)]
-pub struct Permit(());
+pub struct Permit {
+    /// The ticket of the waiter whose call it runs now, if any.
+    serving: Option<u64>,
+}
+
+/// What [`Gate::leave`] found of a waiter.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Left {
+    /// It was queued, or handed a turn too late: it is out, and its call
+    /// was never run.
+    Out,
+    /// Its call is being run by another ([`Gate::serve`]): the answer is
+    /// coming.
+    Served,
+}
 
 /// What the gate holds right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -89,6 +107,8 @@ struct State<W> {
     running: usize,
     granted: Vec<Grant>,
     queue: VecDeque<Waiter<W>>,
+    /// The tickets of the waiters whose calls are running in another's turn.
+    serving: Vec<u64>,
     last_id: u64,
 }
 
@@ -122,6 +142,7 @@ impl<W> Gate<W> {
                 running: 0,
                 granted: Vec::new(),
                 queue: VecDeque::new(),
+                serving: Vec::new(),
                 last_id: 0,
             }),
         }
@@ -146,19 +167,21 @@ impl<W> Gate<W> {
         state.fill(now, alive)
     }
 
-    /// A turn for `who`, whose checkout deadline is `expires`, or its place
-    /// in the queue; and the turns this frees for earlier waiters.
-    pub fn admit(
+    /// A turn for a caller whose checkout deadline is `expires`, or its
+    /// place in the queue; and the turns this frees for earlier waiters.
+    /// `who` is made only when the caller must wait; when it cannot be, the
+    /// caller neither runs nor waits.
+    pub fn admit<E>(
         &self,
         now: i64,
         expires: i64,
-        who: W,
+        who: impl FnOnce() -> Result<W, E>,
         alive: impl Fn(&W) -> bool,
-    ) -> (Admission, Vec<Wake<W>>) {
+    ) -> (Result<Admission, E>, Vec<Wake<W>>) {
         let mut state = self.lock();
         let wakes = state.fill(now, alive);
         let admission = if expires <= now {
-            Admission::TimedOut
+            Ok(Admission::TimedOut)
         } else if state.queue.is_empty() && state.free() > 0 {
             let token = state.next_id();
             state.granted.push(Grant {
@@ -166,18 +189,20 @@ impl<W> Gate<W> {
                 ticket: None,
                 expires,
             });
-            Admission::Go(token)
+            Ok(Admission::Go(token))
         } else {
-            let ticket = state.next_id();
-            state.queue.push_back(Waiter {
-                ticket,
-                who,
-                expires,
-            });
-            Admission::Wait {
-                ticket,
-                wait_ns: expires - now,
-            }
+            who().map(|who| {
+                let ticket = state.next_id();
+                state.queue.push_back(Waiter {
+                    ticket,
+                    who,
+                    expires,
+                });
+                Admission::Wait {
+                    ticket,
+                    wait_ns: expires - now,
+                }
+            })
         };
         (admission, wakes)
     }
@@ -195,7 +220,7 @@ impl<W> Gate<W> {
             Some(i) if state.granted[i].expires > now => {
                 state.granted.swap_remove(i);
                 state.running += 1;
-                Some(Permit(()))
+                Some(Permit { serving: None })
             }
             _ => None,
         };
@@ -203,23 +228,56 @@ impl<W> Gate<W> {
         (permit, wakes)
     }
 
-    /// Gives a running call's turn back; the waiters it frees a turn for.
-    pub fn release(&self, permit: Permit, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
-        let Permit(()) = permit;
+    /// The first live waiter whose deadline has not passed, for the holder
+    /// of `permit` to run its call in this turn: its ticket and `W`. The call
+    /// the permit ran before is done (its answer sent). `None` when nobody
+    /// waits.
+    pub fn serve(
+        &self,
+        permit: &mut Permit,
+        now: i64,
+        alive: impl Fn(&W) -> bool,
+    ) -> Option<(u64, W)> {
         let mut state = self.lock();
+        state.done(permit);
+        while let Some(waiter) = state.queue.pop_front() {
+            if waiter.expires > now && alive(&waiter.who) {
+                state.serving.push(waiter.ticket);
+                permit.serving = Some(waiter.ticket);
+                return Some((waiter.ticket, waiter.who));
+            }
+        }
+        None
+    }
+
+    /// Gives a running call's turn back; the waiters it frees a turn for.
+    pub fn release(
+        &self,
+        mut permit: Permit,
+        now: i64,
+        alive: impl Fn(&W) -> bool,
+    ) -> Vec<Wake<W>> {
+        let mut state = self.lock();
+        state.done(&mut permit);
         state.running = state.running.saturating_sub(1);
         state.fill(now, alive)
     }
 
     /// Takes the waiter of `ticket` out of the queue, or gives back the turn
-    /// it was handed; the waiters that frees a turn for.
-    pub fn leave(&self, ticket: u64, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+    /// it was handed; or tells it its call is being run. And the waiters
+    /// that frees a turn for.
+    pub fn leave(&self, ticket: u64, now: i64, alive: impl Fn(&W) -> bool) -> (Left, Vec<Wake<W>>) {
         let mut state = self.lock();
-        match state.queue.iter().position(|w| w.ticket == ticket) {
-            Some(i) => drop(state.queue.remove(i)),
-            None => state.granted.retain(|g| g.ticket != Some(ticket)),
-        }
-        state.fill(now, alive)
+        let left = if state.serving.contains(&ticket) {
+            Left::Served
+        } else {
+            match state.queue.iter().position(|w| w.ticket == ticket) {
+                Some(i) => drop(state.queue.remove(i)),
+                None => state.granted.retain(|g| g.ticket != Some(ticket)),
+            }
+            Left::Out
+        };
+        (left, state.fill(now, alive))
     }
 
     /// What the gate holds right now.
@@ -238,6 +296,13 @@ impl<W> State<W> {
     fn next_id(&mut self) -> u64 {
         self.last_id += 1;
         self.last_id
+    }
+
+    /// The waiter's call a permit ran is over.
+    fn done(&mut self, permit: &mut Permit) {
+        if let Some(ticket) = permit.serving.take() {
+            self.serving.retain(|t| *t != ticket);
+        }
     }
 
     fn free(&self) -> usize {
@@ -289,16 +354,21 @@ mod tests {
         gate
     }
 
+    fn admit(gate: &Gate<&'static str>, now: i64, expires: i64, who: &'static str) -> Admission {
+        let (admission, _wakes) = gate.admit(now, expires, || Ok::<_, ()>(who), anyone);
+        admission.expect("a waiter is always made")
+    }
+
     fn go(gate: &Gate<&'static str>, now: i64, who: &'static str) -> u64 {
-        match gate.admit(now, now + SECOND, who, anyone) {
-            (Admission::Go(token), wakes) if wakes.is_empty() => token,
+        match gate.admit(now, now + SECOND, || Err(()), anyone) {
+            (Ok(Admission::Go(token)), wakes) if wakes.is_empty() => token,
             other => panic!("{who} was not let in: {other:?}"),
         }
     }
 
     fn wait(gate: &Gate<&'static str>, now: i64, who: &'static str) -> u64 {
-        match gate.admit(now, now + SECOND, who, anyone) {
-            (Admission::Wait { ticket, wait_ns }, _) if wait_ns == SECOND => ticket,
+        match admit(gate, now, now + SECOND, who) {
+            Admission::Wait { ticket, wait_ns } if wait_ns == SECOND => ticket,
             other => panic!("{who} did not queue: {other:?}"),
         }
     }
@@ -352,7 +422,7 @@ mod tests {
         let b = wait(&gate, 0, "b");
         wait(&gate, 0, "dead");
         wait(&gate, 0, "d");
-        assert!(gate.leave(b, 1, anyone).is_empty());
+        assert_eq!(gate.leave(b, 1, anyone), (Left::Out, vec![]));
         let wakes = gate.release(a, 2, |who| *who != "dead");
         assert_eq!(wakes.iter().map(|w| w.who).collect::<Vec<_>>(), ["d"]);
     }
@@ -366,7 +436,8 @@ mod tests {
         let wakes = gate.release(a, 1, anyone);
         assert_eq!(wakes[0].ticket, b);
         // b timed out just as its turn came: leaving hands it on to c.
-        let wakes = gate.leave(b, 2, anyone);
+        let (left, wakes) = gate.leave(b, 2, anyone);
+        assert_eq!(left, Left::Out);
         assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [c]);
     }
 
@@ -385,7 +456,7 @@ mod tests {
     #[test]
     fn a_caller_past_its_deadline_is_told_so_and_a_spent_token_cannot_run_twice() {
         let gate = gate(1);
-        assert_eq!(gate.admit(5, 5, "late", anyone).0, Admission::TimedOut);
+        assert_eq!(admit(&gate, 5, 5, "late"), Admission::TimedOut);
         let token = go(&gate, 0, "a");
         let permit = run(&gate, token, 0);
         assert!(gate.enter(token, 0, anyone).0.is_none());
@@ -397,5 +468,60 @@ mod tests {
                 ..Counts::default()
             }
         );
+    }
+
+    #[test]
+    fn a_caller_that_cannot_be_queued_neither_runs_nor_waits() {
+        let gate = gate(1);
+        let _a = run(&gate, go(&gate, 0, "a"), 0);
+        let (admission, _) = gate.admit(0, SECOND, || Err("bad argument"), anyone);
+        assert_eq!(admission, Err("bad argument"));
+        assert_eq!(gate.counts().waiting, 0);
+    }
+
+    #[test]
+    fn a_running_call_runs_the_waiters_calls_in_its_turn_first_come_first_served() {
+        let gate = gate(1);
+        let mut a = run(&gate, go(&gate, 0, "a"), 0);
+        let b = wait(&gate, 0, "b");
+        wait(&gate, 0, "dead");
+        assert!(matches!(
+            admit(&gate, 0, 10, "late"),
+            Admission::Wait { .. }
+        ));
+        let d = wait(&gate, 0, "d");
+        // "late" gave itself 10 ns: at 20 ns it is skipped.
+        let now = 20;
+        assert_eq!(gate.serve(&mut a, now, |w| *w != "dead"), Some((b, "b")));
+        // While b's call runs, b is told so, and stays told so.
+        assert_eq!(gate.leave(b, now, anyone), (Left::Served, vec![]));
+        assert_eq!(gate.leave(b, now, anyone).0, Left::Served);
+        assert_eq!(gate.serve(&mut a, now, |w| *w != "dead"), Some((d, "d")));
+        // b's answer was sent before serving d: b is no longer served.
+        assert_eq!(gate.leave(b, now, anyone).0, Left::Out);
+        assert_eq!(gate.serve(&mut a, now, anyone), None);
+        assert_eq!(gate.leave(d, now, anyone).0, Left::Out);
+        assert_eq!(
+            gate.counts(),
+            Counts {
+                capacity: 1,
+                running: 1,
+                ..Counts::default()
+            }
+        );
+        assert!(gate.release(a, now, anyone).is_empty());
+        assert_eq!(gate.counts().running, 0);
+    }
+
+    #[test]
+    fn a_release_ends_the_call_being_served() {
+        let gate = gate(1);
+        let mut a = run(&gate, go(&gate, 0, "a"), 0);
+        let b = wait(&gate, 0, "b");
+        let c = wait(&gate, 0, "c");
+        assert_eq!(gate.serve(&mut a, 1, anyone), Some((b, "b")));
+        let wakes = gate.release(a, 1, anyone);
+        assert_eq!(gate.leave(b, 1, anyone).0, Left::Out);
+        assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [c]);
     }
 }

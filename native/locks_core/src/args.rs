@@ -66,34 +66,34 @@ pub(crate) fn is_click_ref(text: &str) -> bool {
 }
 
 /// A turn's ref: never a click's, so a refusal can tell the two apart.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TurnRef<'a>(&'a str);
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TurnRef(String);
 
-impl<'a> TurnRef<'a> {
+impl TurnRef {
     /// A turn ref, or `None` for a click's ref or text a `text` column cannot hold.
-    pub fn new(text: &'a str) -> Option<Self> {
-        (storable(text) && !is_click_ref(text)).then_some(TurnRef(text))
+    pub fn new(text: &str) -> Option<Self> {
+        (storable(text) && !is_click_ref(text)).then(|| TurnRef(text.to_owned()))
     }
 
     /// The ref as stored.
-    pub fn as_str(&self) -> &'a str {
-        self.0
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
 /// A click's ref, as `click_ref/0` makes them.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClickRef<'a>(&'a str);
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClickRef(String);
 
-impl<'a> ClickRef<'a> {
+impl ClickRef {
     /// A click ref, or `None` for anything that does not start with [`CLICK_REF_PREFIX`].
-    pub fn new(text: &'a str) -> Option<Self> {
-        (storable(text) && is_click_ref(text)).then_some(ClickRef(text))
+    pub fn new(text: &str) -> Option<Self> {
+        (storable(text) && is_click_ref(text)).then(|| ClickRef(text.to_owned()))
     }
 
     /// The ref as stored.
-    pub fn as_str(&self) -> &'a str {
-        self.0
+    pub fn as_str(&self) -> &str {
+        &self.0
     }
 }
 
@@ -147,10 +147,13 @@ mod tests {
 
     #[test]
     fn refs_are_told_apart_by_the_click_prefix() {
-        assert_eq!(TurnRef::new("turn-1").map(|r| r.as_str()), Some("turn-1"));
+        assert_eq!(
+            TurnRef::new("turn-1").as_ref().map(TurnRef::as_str),
+            Some("turn-1")
+        );
         assert_eq!(TurnRef::new("click:00"), None);
         assert_eq!(
-            ClickRef::new("click:00").map(|r| r.as_str()),
+            ClickRef::new("click:00").as_ref().map(ClickRef::as_str),
             Some("click:00")
         );
         assert_eq!(ClickRef::new("turn-1"), None);

@@ -11,9 +11,10 @@
 //! nothing that comes from outside is unwrapped, and every failure is an
 //! [`Error`] that names its cause without the database password.
 //!
-//! The NIF (`locks_nif`) owns nothing but term conversion: it asks the
-//! [`admission::Gate`] for a turn, takes the installed [`LockPool`] from
-//! [`global::current`] and runs one call with [`global::block_on`].
+//! The NIF (`locks_nif`) owns nothing but term conversion: it decodes a
+//! [`Job`], asks the [`admission::Gate`] for a turn, takes the installed
+//! [`LockPool`] from [`global::current`] and runs the job with
+//! [`global::block_on`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -23,6 +24,7 @@ pub mod args;
 mod connect;
 mod error;
 pub mod global;
+mod job;
 mod outcome;
 mod pool;
 pub mod schema;
@@ -32,6 +34,7 @@ mod tls;
 
 pub use args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 pub use error::{Error, Result};
+pub use job::{Answer, Job};
 pub use outcome::{Acquire, AcquireUser, HeldLock};
 pub use pool::{Deadline, LockPool};
 pub use settings::{Location, Prepare, Settings, SslMode};

@@ -34,6 +34,15 @@ impl Deadline {
             budget,
         }
     }
+
+    /// The earlier of two deadlines.
+    pub fn min(self, other: Deadline) -> Deadline {
+        if other.at < self.at {
+            other
+        } else {
+            self
+        }
+    }
 }
 
 /// The lock calls, over a pool of PostgreSQL connections.
@@ -211,7 +220,7 @@ impl LockPool {
         deadline: Deadline,
         chat: &Uuid,
         user: &Uuid,
-        turn: TurnRef<'_>,
+        turn: &TurnRef,
         ttl: Ttl,
     ) -> Result<Acquire> {
         let rows = self
@@ -243,7 +252,7 @@ impl LockPool {
         &self,
         deadline: Deadline,
         user: &Uuid,
-        click: ClickRef<'_>,
+        click: &ClickRef,
         ttl: Ttl,
         hold: Hold,
     ) -> Result<AcquireUser> {
@@ -263,7 +272,7 @@ impl LockPool {
         &self,
         deadline: Deadline,
         chat: &Uuid,
-        turn: TurnRef<'_>,
+        turn: &TurnRef,
         ttl: Ttl,
     ) -> Result<bool> {
         let rows = self
@@ -282,7 +291,7 @@ impl LockPool {
         deadline: Deadline,
         chat: &Uuid,
         user: &Uuid,
-        turn: TurnRef<'_>,
+        turn: &TurnRef,
     ) -> Result<bool> {
         let rows = self
             .query(deadline, |s| &s.held, &[chat, user, &turn.as_str()])
@@ -295,7 +304,7 @@ impl LockPool {
         &self,
         deadline: Deadline,
         user: &Uuid,
-        click: ClickRef<'_>,
+        click: &ClickRef,
         ttl: Ttl,
         hold: Hold,
     ) -> Result<bool> {
@@ -316,11 +325,15 @@ impl LockPool {
         deadline: Deadline,
         chat: &Uuid,
         user: &Uuid,
-        turn: TurnRef<'_>,
+        turn: &TurnRef,
         ttl: Ttl,
     ) -> Result<bool> {
         let rows = self
-            .query(deadline, |s| &s.keep, &[chat, user, &turn.as_str(), &ttl.seconds()])
+            .query(
+                deadline,
+                |s| &s.keep,
+                &[chat, user, &turn.as_str(), &ttl.seconds()],
+            )
             .await?;
         get(only(&rows)?, 0)
     }
@@ -356,7 +369,7 @@ impl LockPool {
         deadline: Deadline,
         chat: &Uuid,
         user: &Uuid,
-        turn: TurnRef<'_>,
+        turn: &TurnRef,
     ) -> Result<()> {
         self.query(deadline, |s| &s.release, &[chat, user, &turn.as_str()])
             .await?;
@@ -370,7 +383,7 @@ impl LockPool {
         deadline: Deadline,
         chat: &Uuid,
         user: &Uuid,
-        turn: TurnRef<'_>,
+        turn: &TurnRef,
         ttl: Ttl,
     ) -> Result<bool> {
         let rows = self
@@ -388,7 +401,7 @@ impl LockPool {
         &self,
         deadline: Deadline,
         user: &Uuid,
-        click: ClickRef<'_>,
+        click: &ClickRef,
     ) -> Result<()> {
         self.query(deadline, |s| &s.release_user, &[user, &click.as_str()])
             .await?;

@@ -54,48 +54,50 @@ async fn every_call(prepare: Prepare) {
     let click = ClickRef::new("click:smoke").expect("a click ref");
 
     assert_eq!(
-        pool.acquire(at(), &chat, &user, turn, ttl).await.ok(),
+        pool.acquire(at(), &chat, &user, &turn, ttl).await.ok(),
         Some(Acquire::Acquired)
     );
     assert_eq!(
-        pool.acquire(at(), &chat, &uuid(4), other, ttl).await.ok(),
+        pool.acquire(at(), &chat, &uuid(4), &other, ttl).await.ok(),
         Some(Acquire::ConversationBusy)
     );
     assert_eq!(
-        pool.acquire(at(), &other_chat, &user, other, ttl)
+        pool.acquire(at(), &other_chat, &user, &other, ttl)
             .await
             .ok(),
         Some(Acquire::TurnInFlight)
     );
-    assert_eq!(pool.held(at(), &chat, &user, turn).await.ok(), Some(true));
-    assert_eq!(pool.fresh(at(), &chat, turn, ttl).await.ok(), Some(true));
+    assert_eq!(pool.held(at(), &chat, &user, &turn).await.ok(), Some(true));
+    assert_eq!(pool.fresh(at(), &chat, &turn, ttl).await.ok(), Some(true));
     assert_eq!(
-        pool.release_stale(at(), &chat, &user, turn, ttl).await.ok(),
+        pool.release_stale(at(), &chat, &user, &turn, ttl)
+            .await
+            .ok(),
         Some(false)
     );
     assert_eq!(
-        pool.acquire_user(at(), &user, click, ttl, hold).await.ok(),
+        pool.acquire_user(at(), &user, &click, ttl, hold).await.ok(),
         Some(AcquireUser::TurnInFlight)
     );
-    assert!(pool.release(at(), &chat, &user, turn).await.is_ok());
-    assert_eq!(pool.held(at(), &chat, &user, turn).await.ok(), Some(false));
+    assert!(pool.release(at(), &chat, &user, &turn).await.is_ok());
+    assert_eq!(pool.held(at(), &chat, &user, &turn).await.ok(), Some(false));
     assert_eq!(
-        pool.acquire_user(at(), &user, click, ttl, hold).await.ok(),
+        pool.acquire_user(at(), &user, &click, ttl, hold).await.ok(),
         Some(AcquireUser::Acquired)
     );
     assert_eq!(
-        pool.acquire(at(), &other_chat, &user, other, ttl)
+        pool.acquire(at(), &other_chat, &user, &other, ttl)
             .await
             .ok(),
         Some(Acquire::ClickInFlight)
     );
     assert_eq!(
-        pool.keep_user(at(), &user, click, ttl, hold).await.ok(),
+        pool.keep_user(at(), &user, &click, ttl, hold).await.ok(),
         Some(true)
     );
-    assert!(pool.release_user(at(), &user, click).await.is_ok());
+    assert!(pool.release_user(at(), &user, &click).await.is_ok());
     assert_eq!(
-        pool.keep_user(at(), &user, click, ttl, hold).await.ok(),
+        pool.keep_user(at(), &user, &click, ttl, hold).await.ok(),
         Some(false)
     );
 }

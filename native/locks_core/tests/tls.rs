@@ -245,7 +245,7 @@ async fn call(settings: Settings) -> Result<bool, Error> {
     let pool = LockPool::new(settings.clone())?;
     let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
     let turn = TurnRef::new("turn-tls").expect("a turn ref");
-    pool.held(common::now(&settings), &id, &id, turn).await
+    pool.held(common::now(&settings), &id, &id, &turn).await
 }
 
 #[tokio::test]

@@ -2,8 +2,7 @@
 //!
 //! The Elixir module has checked and worded every argument already (and
 //! turned uuids into their 16 bytes); a term that still does not fit is a
-//! bad argument (`ArgumentError`), decoded after the call's turn is taken so
-//! that the turn goes back either way. Nothing is sent for it.
+//! bad argument (`ArgumentError`). Nothing is sent for it.
 
 use locks_core::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 use rustler::{Binary, Error, NifResult, Term};
@@ -12,11 +11,11 @@ pub fn uuid(term: Term<'_>) -> NifResult<Uuid> {
     Uuid::from_bytes(term.decode::<Binary>()?.as_slice()).ok_or(Error::BadArg)
 }
 
-pub fn turn_ref<'a>(term: Term<'a>) -> NifResult<TurnRef<'a>> {
+pub fn turn_ref(term: Term<'_>) -> NifResult<TurnRef> {
     TurnRef::new(term.decode()?).ok_or(Error::BadArg)
 }
 
-pub fn click_ref<'a>(term: Term<'a>) -> NifResult<ClickRef<'a>> {
+pub fn click_ref(term: Term<'_>) -> NifResult<ClickRef> {
     ClickRef::new(term.decode()?).ok_or(Error::BadArg)
 }
 

@@ -3,7 +3,24 @@
 rustler::atoms! {
     ok,
     error,
+    // The lock functions, as the Elixir API names them
+    acquire,
+    acquire_user,
+    fresh = "fresh?",
+    held = "held?",
+    keep,
+    keep_user,
+    held_locks,
+    release,
+    release_stale,
+    release_user,
+    // The gate's answers and messages (call.rs)
     wait,
+    served,
+    left,
+    turn,
+    done,
+    raise,
     // acquire/4 and acquire_user/4 refusals
     conversation_busy,
     turn_in_flight,
@@ -22,6 +39,6 @@ rustler::atoms! {
     // DDL kinds
     tables,
     lock_columns,
-    // The message that hands a waiting caller its turn.
+    // The tag of the messages a waiting caller gets.
     phoenix_kit_agent_locks,
 }

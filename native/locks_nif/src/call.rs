@@ -1,34 +1,57 @@
 //! How one lock call runs: its turn at the gate, its deadline, the pool.
 //!
-//! A call is two NIF calls. `admit/1`, on a normal scheduler, asks the
-//! [`Gate`] for a turn; a caller that must wait gets a ticket and waits in
-//! Elixir (a `receive`, on a normal scheduler) for the message
-//! `{:phoenix_kit_agent_locks, ticket, token}`, or gives up with `leave/1`
-//! at its checkout deadline. Then the lock function itself, on a dirty-I/O
-//! scheduler, trades the token for a permit ([`Call::enter`]) and runs; the
-//! permit goes back, and the next waiter is sent its turn, when [`Call`] is
-//! dropped, whatever the call's outcome. A dirty NIF always runs to its end,
-//! even when its process is killed meanwhile, so no turn is ever lost.
+//! A call is at most two NIF calls. `admit/3`, on a normal scheduler, asks
+//! the [`Gate`] for a turn; a caller that gets one (`token`) runs its call
+//! with `run/4`, on a dirty-I/O scheduler: the token becomes a permit
+//! ([`Call::enter`]), the job its answer. A caller that must wait gets a
+//! ticket, leaves its job with the gate, and waits in Elixir (a `receive`,
+//! on a normal scheduler) for one of these messages, tagged
+//! `{:phoenix_kit_agent_locks, ticket, _}`:
+//!
+//! * `{:done, answer}` or `{:raise, exception}`: a call that finished in its
+//!   turn ran this job too ([`Call::serve`]), up to [`SERVE_AT_MOST`] of
+//!   them after its own, as long as each got an answer: the turn goes from
+//!   job to job on the same dirty thread, and its connection is never idle
+//!   waiting for a woken process to be scheduled;
+//! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`.
+//!
+//! At its checkout deadline it gives up with `leave/2`, which takes it out
+//! of the queue (`:pool_timeout`), or tells it its job is running
+//! (`{:served, wait_ms}`). The turn goes back, and the next waiter is sent
+//! one, when [`Call`] is dropped, whatever the call's outcome. A dirty NIF
+//! always runs to its end, even when its process is killed meanwhile, so no
+//! turn is ever lost.
 //!
 //! Every time is the Erlang monotonic clock in nanoseconds
 //! (`System.monotonic_time(:nanosecond)`, `enif_monotonic_time` here): the
 //! caller stamps the call once, before it queues anywhere, and that stamp is
-//! the start of the call's one deadline (`locks_core::Deadline`). No wall
-//! clock is involved, so a clock step changes nothing.
+//! the start of the call's one deadline (`locks_core::Deadline`), wherever
+//! its job runs. No wall clock is involved, so a clock step changes nothing.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use locks_core::admission::{Admission, Gate, Permit, Wake};
-use locks_core::{global, Deadline, Error, LockPool};
+use locks_core::admission::{Admission, Gate, Left, Permit, Wake};
+use locks_core::{global, Answer, Deadline, Error, Job, LockPool, Settings};
 use rustler::{Encoder, Env, LocalPid, NifMap, NifResult, Term};
 
 use crate::atoms;
-use crate::error::raise;
+use crate::error::{exception, raise};
+use crate::locks::{encode, job};
+
+/// The most waiting jobs a call runs in its turn after its own: each delays
+/// its own caller's answer by one statement, and keeps the connection busy.
+pub const SERVE_AT_MOST: usize = 8;
+
+/// A caller waiting for a turn, with its job and its call's stamp.
+pub struct Waiter {
+    pid: LocalPid,
+    start: i64,
+    job: Job,
+}
 
 /// The turns of this VM; its capacity is the installed pool's size.
-pub static GATE: Gate<LocalPid> = Gate::new();
+pub static GATE: Gate<Waiter> = Gate::new();
 
 /// The Erlang monotonic clock, in nanoseconds.
 #[allow(unsafe_code)]
@@ -42,29 +65,53 @@ fn nanos(duration: Duration) -> i64 {
     i64::try_from(duration.as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// The deadline of a call stamped `start`, on this thread's clock: the time
+/// since the stamp is carried over; a stamp from the future counts as now.
+fn deadline(start: i64, now: i64, settings: &Settings) -> Deadline {
+    let waited = Duration::from_nanos(u64::try_from(now.saturating_sub(start)).unwrap_or(0));
+    let started = Instant::now()
+        .checked_sub(waited)
+        .unwrap_or_else(Instant::now);
+    Deadline::new(started, settings)
+}
+
 /// Sends each waiter its turn.
-pub fn wake(env: Env<'_>, wakes: Vec<Wake<LocalPid>>) {
+pub fn wake(env: Env<'_>, wakes: Vec<Wake<Waiter>>) {
     for Wake { who, ticket, token } in wakes {
         // A waiter that died meanwhile does not need it; its turn lapses.
-        let _ = env.send(&who, (atoms::phoenix_kit_agent_locks(), ticket, token));
+        let message = (
+            atoms::phoenix_kit_agent_locks(),
+            ticket,
+            (atoms::turn(), token),
+        );
+        let _ = env.send(&who.pid, message);
     }
 }
 
-fn alive(env: Env<'_>) -> impl Fn(&LocalPid) -> bool + '_ {
-    move |pid| env.is_process_alive(*pid)
+pub fn alive(env: Env<'_>) -> impl Fn(&Waiter) -> bool + '_ {
+    move |waiter| env.is_process_alive(waiter.pid)
 }
 
-/// A turn for a call its caller started at `start`: the token, or
-/// `{:wait, ticket, milliseconds}`. Raises `:pool_timeout` when the checkout
-/// timeout has passed already, `:not_started` without a pool.
+/// A turn for the call of `function` with `args`, stamped `start`: the
+/// token, or `{:wait, ticket, milliseconds}` (the job left with the gate).
+/// Raises `:pool_timeout` when the checkout timeout has passed already,
+/// `:not_started` without a pool; bad arguments of a caller that must wait
+/// are a bad argument here.
 #[rustler::nif]
-fn admit(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
+fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
     let pool = global::current().map_err(raise)?;
     let checkout = pool.settings().checkout_timeout;
     let expires = start.saturating_add(nanos(checkout));
-    let (admission, wakes) = GATE.admit(now_ns(), expires, env.pid(), alive(env));
+    let waiter = || {
+        Ok(Waiter {
+            pid: env.pid(),
+            start,
+            job: job(function, args)?,
+        })
+    };
+    let (admission, wakes) = GATE.admit(now_ns(), expires, waiter, alive(env));
     wake(env, wakes);
-    match admission {
+    match admission? {
         Admission::Go(token) => Ok(token.encode(env)),
         Admission::Wait { ticket, wait_ns } => {
             let wait_ms = wait_ns.saturating_add(999_999) / 1_000_000;
@@ -74,14 +121,47 @@ fn admit(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
     }
 }
 
-/// Gives up the wait of `ticket` (its checkout deadline passed): leaves the
-/// queue, or gives back a turn that came too late, and raises `:pool_timeout`.
+/// Gives up the wait of `ticket`, a call stamped `start` whose checkout
+/// deadline passed: `{:left, exception}` (`:pool_timeout`) when it was
+/// still queued or handed a turn too late, which goes back; `{:served,
+/// wait_ms}` when another call is running its job, whose answer comes
+/// within its deadline (plus a second).
 #[rustler::nif]
-fn leave(env: Env<'_>, ticket: u64) -> NifResult<()> {
-    let wakes = GATE.leave(ticket, now_ns(), alive(env));
+fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
+    let now = now_ns();
+    let (left, wakes) = GATE.leave(ticket, now, alive(env));
     wake(env, wakes);
     let pool = global::current().map_err(raise)?;
-    Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)))
+    let settings = pool.settings();
+    Ok(match left {
+        Left::Out => {
+            let timeout = exception(Error::PoolTimeout(settings.checkout_timeout));
+            (atoms::left(), timeout).encode(env)
+        }
+        Left::Served => {
+            let ends = start.saturating_add(nanos(settings.call_timeout()));
+            let wait_ms = ends.saturating_sub(now).max(0) / 1_000_000 + 1_000;
+            (atoms::served(), wait_ms).encode(env)
+        }
+    })
+}
+
+/// Runs the call of `function` with `args`, stamped `start`, in the turn
+/// `token`; then, in the same turn, the jobs of the first waiters.
+#[rustler::nif(schedule = "DirtyIo")]
+fn run<'a>(
+    env: Env<'a>,
+    token: Term<'a>,
+    start: Term<'a>,
+    function: Term<'a>,
+    args: Term<'a>,
+) -> NifResult<Term<'a>> {
+    let mut call = Call::enter(env, token, start)?;
+    let answer = call.run(&job(function, args)?).map_err(raise);
+    if answer.is_ok() {
+        call.serve();
+    }
+    answer.map(|answer| encode(env, &answer))
 }
 
 /// What the gate and the pool hold right now, for `status/0`.
@@ -127,7 +207,7 @@ impl Drop for Slot<'_> {
 
 /// A running lock call: its turn, the pool and the deadline.
 pub struct Call<'a> {
-    _slot: Slot<'a>,
+    slot: Slot<'a>,
     pool: Arc<LockPool>,
     deadline: Deadline,
 }
@@ -149,28 +229,49 @@ impl<'a> Call<'a> {
         if slot.permit.is_none() {
             return Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)));
         }
-        // The time since the stamp, carried over to this thread's clock; a
-        // stamp from the future counts as now.
-        let waited = Duration::from_nanos(u64::try_from(now.saturating_sub(start)).unwrap_or(0));
-        let started = Instant::now()
-            .checked_sub(waited)
-            .unwrap_or_else(Instant::now);
-        let deadline = Deadline::new(started, pool.settings());
+        let deadline = deadline(start, now, pool.settings());
         Ok(Call {
-            _slot: slot,
+            slot,
             pool,
             deadline,
         })
     }
 
-    /// Runs one call of the pool within the deadline; its error raised.
-    pub fn run<'p, T, F, Fut>(&'p self, call: F) -> NifResult<T>
-    where
-        F: FnOnce(&'p LockPool, Deadline) -> Fut,
-        Fut: Future<Output = locks_core::Result<T>>,
-    {
-        global::block_on(call(&self.pool, self.deadline))
-            .map_err(raise)?
-            .map_err(raise)
+    /// Runs the call's job within its deadline.
+    pub fn run(&self, job: &Job) -> locks_core::Result<Answer> {
+        global::block_on(self.pool.run(self.deadline, job))?
+    }
+
+    /// Runs the jobs of the first waiters in this turn, each within its own
+    /// deadline and this call's, and sends each its answer; stops after
+    /// [`SERVE_AT_MOST`], when nobody waits, or at the first job that got no
+    /// answer (the database may be in trouble: the rest wait for their own
+    /// turns, within their own deadlines).
+    pub fn serve(&mut self) {
+        let env = self.slot.env;
+        for _ in 0..SERVE_AT_MOST {
+            let Some(permit) = self.slot.permit.as_mut() else {
+                return;
+            };
+            let now = now_ns();
+            let Some((ticket, waiter)) = GATE.serve(permit, now, alive(env)) else {
+                return;
+            };
+            let deadline = deadline(waiter.start, now, self.pool.settings()).min(self.deadline);
+            let answer = global::block_on(self.pool.run(deadline, &waiter.job)).and_then(|a| a);
+            let answered = answer.is_ok();
+            let reply = match answer {
+                Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
+                Err(err) => (atoms::raise(), exception(err)).encode(env),
+            };
+            // A waiter that died meanwhile does not need its answer.
+            let _ = env.send(
+                &waiter.pid,
+                (atoms::phoenix_kit_agent_locks(), ticket, reply),
+            );
+            if !answered {
+                return;
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@ use crate::atoms;
 
 #[derive(NifException)]
 #[module = "PhoenixKitAgent.Turns.Locks.Error"]
-struct LocksError {
+pub struct LocksError {
     reason: Atom,
     message: String,
     sqlstate: Option<String>,
@@ -21,6 +21,11 @@ struct LocksError {
 
 /// Turns a core error into the exception the NIF raises.
 pub fn raise(err: Error) -> rustler::Error {
+    rustler::Error::RaiseTerm(Box::new(exception(err)))
+}
+
+/// The exception of a core error, as a term to raise or to send.
+pub fn exception(err: Error) -> LocksError {
     let reason = match &err {
         Error::Config { .. } => atoms::config(),
         Error::NotStarted => atoms::not_started(),
@@ -30,9 +35,9 @@ pub fn raise(err: Error) -> rustler::Error {
         Error::Disconnected(_) => atoms::disconnected(),
         Error::Statement { .. } => atoms::statement(),
     };
-    rustler::Error::RaiseTerm(Box::new(LocksError {
+    LocksError {
         reason,
         message: err.to_string(),
         sqlstate: err.sqlstate().map(str::to_owned),
-    }))
+    }
 }

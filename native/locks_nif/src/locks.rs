@@ -1,183 +1,114 @@
-//! The lock calls (`click_ref/0` is pure Elixir): take the turn, decode,
-//! call the core on the dirty-I/O scheduler thread, encode the documented
-//! term. Each takes the turn's token and the caller's stamp first (see
-//! `call.rs`), then the arguments of the Elixir function.
+//! The lock calls as terms: a function's name and its argument list become
+//! a `locks_core::Job`, and the job's `Answer` becomes the documented term.
+//! Which turn a call runs in, and where, is `call.rs`'s business.
 
-use locks_core::{Acquire, AcquireUser, HeldLock};
-use rustler::{Atom, Encoder, Env, NifResult, Term};
+use locks_core::{Acquire, AcquireUser, Answer, Job};
+use rustler::{Atom, Encoder, Env, Error, NifResult, Term};
 
 use crate::args::{click_ref, hold, ttl, turn_ref, uuid};
 use crate::atoms;
-use crate::call::Call;
 
-fn refused(env: Env<'_>, reason: Atom) -> Term<'_> {
-    (atoms::error(), reason).encode(env)
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn acquire<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    chat: Term<'a>,
-    user: Term<'a>,
-    turn: Term<'a>,
-    ttl_s: Term<'a>,
-) -> NifResult<Term<'a>> {
-    let call = Call::enter(env, token, start)?;
-    let (chat, user, turn, ttl) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?, ttl(ttl_s)?);
-    Ok(
-        match call.run(|pool, deadline| pool.acquire(deadline, &chat, &user, turn, ttl))? {
-            Acquire::Acquired => atoms::ok().encode(env),
-            Acquire::ConversationBusy => refused(env, atoms::conversation_busy()),
-            Acquire::TurnInFlight => refused(env, atoms::turn_in_flight()),
-            Acquire::ClickInFlight => refused(env, atoms::click_in_flight()),
+/// The job of `function` (an atom named after the Elixir function) called
+/// with `args` (a list: the Elixir function's arguments, uuids as their 16
+/// bytes). Anything else is a bad argument.
+pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
+    let function: Atom = function.decode()?;
+    let args: Vec<Term<'_>> = args.decode()?;
+    Ok(match args[..] {
+        [chat, user, turn, ttl_s] if function == atoms::acquire() => Job::Acquire {
+            chat: uuid(chat)?,
+            user: uuid(user)?,
+            turn: turn_ref(turn)?,
+            ttl: ttl(ttl_s)?,
         },
-    )
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn acquire_user<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    user: Term<'a>,
-    click: Term<'a>,
-    ttl_s: Term<'a>,
-    hold_s: Term<'a>,
-) -> NifResult<Term<'a>> {
-    let call = Call::enter(env, token, start)?;
-    let (user, click, ttl) = (uuid(user)?, click_ref(click)?, ttl(ttl_s)?);
-    let hold = hold(hold_s, ttl)?;
-    Ok(
-        match call.run(|pool, deadline| pool.acquire_user(deadline, &user, click, ttl, hold))? {
-            AcquireUser::Acquired => atoms::ok().encode(env),
-            AcquireUser::TurnInFlight => refused(env, atoms::turn_in_flight()),
-            AcquireUser::ClickInFlight => refused(env, atoms::click_in_flight()),
+        [user, click, ttl_s, hold_s] if function == atoms::acquire_user() => {
+            let ttl = ttl(ttl_s)?;
+            Job::AcquireUser {
+                user: uuid(user)?,
+                click: click_ref(click)?,
+                ttl,
+                hold: hold(hold_s, ttl)?,
+            }
+        }
+        [chat, turn, ttl_s] if function == atoms::fresh() => Job::Fresh {
+            chat: uuid(chat)?,
+            turn: turn_ref(turn)?,
+            ttl: ttl(ttl_s)?,
         },
-    )
+        [chat, user, turn] if function == atoms::held() => Job::Held {
+            chat: uuid(chat)?,
+            user: uuid(user)?,
+            turn: turn_ref(turn)?,
+        },
+        [chat, user, turn, ttl_s] if function == atoms::keep() => Job::Keep {
+            chat: uuid(chat)?,
+            user: uuid(user)?,
+            turn: turn_ref(turn)?,
+            ttl: ttl(ttl_s)?,
+        },
+        [user, click, ttl_s, hold_s] if function == atoms::keep_user() => {
+            let ttl = ttl(ttl_s)?;
+            Job::KeepUser {
+                user: uuid(user)?,
+                click: click_ref(click)?,
+                ttl,
+                hold: hold(hold_s, ttl)?,
+            }
+        }
+        [ttl_s] if function == atoms::held_locks() => Job::HeldLocks { ttl: ttl(ttl_s)? },
+        [chat, user, turn] if function == atoms::release() => Job::Release {
+            chat: uuid(chat)?,
+            user: uuid(user)?,
+            turn: turn_ref(turn)?,
+        },
+        [chat, user, turn, ttl_s] if function == atoms::release_stale() => Job::ReleaseStale {
+            chat: uuid(chat)?,
+            user: uuid(user)?,
+            turn: turn_ref(turn)?,
+            ttl: ttl(ttl_s)?,
+        },
+        [user, click] if function == atoms::release_user() => Job::ReleaseUser {
+            user: uuid(user)?,
+            click: click_ref(click)?,
+        },
+        _ => return Err(Error::BadArg),
+    })
 }
 
-#[rustler::nif(schedule = "DirtyIo", name = "fresh?")]
-fn fresh<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    chat: Term<'a>,
-    turn: Term<'a>,
-    ttl_s: Term<'a>,
-) -> NifResult<bool> {
-    let call = Call::enter(env, token, start)?;
-    let (chat, turn, ttl) = (uuid(chat)?, turn_ref(turn)?, ttl(ttl_s)?);
-    call.run(|pool, deadline| pool.fresh(deadline, &chat, turn, ttl))
-}
-
-#[rustler::nif(schedule = "DirtyIo", name = "held?")]
-fn held<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    chat: Term<'a>,
-    user: Term<'a>,
-    turn: Term<'a>,
-) -> NifResult<bool> {
-    let call = Call::enter(env, token, start)?;
-    let (chat, user, turn) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?);
-    call.run(|pool, deadline| pool.held(deadline, &chat, &user, turn))
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn keep<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    chat: Term<'a>,
-    user: Term<'a>,
-    turn: Term<'a>,
-    ttl_s: Term<'a>,
-) -> NifResult<bool> {
-    let call = Call::enter(env, token, start)?;
-    let (chat, user, turn, ttl) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?, ttl(ttl_s)?);
-    call.run(|pool, deadline| pool.keep(deadline, &chat, &user, turn, ttl))
-}
-
-/// Every lock taken: `[{:chat | :user, uuid, ref, since_us, age_s, stale}]`.
-#[rustler::nif(schedule = "DirtyIo")]
-fn held_locks<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    ttl_s: Term<'a>,
-) -> NifResult<Term<'a>> {
-    let call = Call::enter(env, token, start)?;
-    let ttl = ttl(ttl_s)?;
-    let locks = call.run(|pool, deadline| pool.held_locks(deadline, ttl))?;
-    Ok(locks
-        .iter()
-        .map(|lock: &HeldLock| {
-            let kind = if lock.chat { atoms::chat() } else { atoms::user() };
-            (kind, &lock.id, &lock.holder, lock.since_us, lock.age_s, lock.stale)
-        })
-        .collect::<Vec<_>>()
-        .encode(env))
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn keep_user<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    user: Term<'a>,
-    click: Term<'a>,
-    ttl_s: Term<'a>,
-    hold_s: Term<'a>,
-) -> NifResult<bool> {
-    let call = Call::enter(env, token, start)?;
-    let (user, click, ttl) = (uuid(user)?, click_ref(click)?, ttl(ttl_s)?);
-    let hold = hold(hold_s, ttl)?;
-    call.run(|pool, deadline| pool.keep_user(deadline, &user, click, ttl, hold))
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn release<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    chat: Term<'a>,
-    user: Term<'a>,
-    turn: Term<'a>,
-) -> NifResult<Atom> {
-    let call = Call::enter(env, token, start)?;
-    let (chat, user, turn) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?);
-    call.run(|pool, deadline| pool.release(deadline, &chat, &user, turn))?;
-    Ok(atoms::ok())
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn release_stale<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    chat: Term<'a>,
-    user: Term<'a>,
-    turn: Term<'a>,
-    ttl_s: Term<'a>,
-) -> NifResult<bool> {
-    let call = Call::enter(env, token, start)?;
-    let (chat, user, turn, ttl) = (uuid(chat)?, uuid(user)?, turn_ref(turn)?, ttl(ttl_s)?);
-    call.run(|pool, deadline| pool.release_stale(deadline, &chat, &user, turn, ttl))
-}
-
-#[rustler::nif(schedule = "DirtyIo")]
-fn release_user<'a>(
-    env: Env<'a>,
-    token: Term<'a>,
-    start: Term<'a>,
-    user: Term<'a>,
-    click: Term<'a>,
-) -> NifResult<Atom> {
-    let call = Call::enter(env, token, start)?;
-    let (user, click) = (uuid(user)?, click_ref(click)?);
-    call.run(|pool, deadline| pool.release_user(deadline, &user, click))?;
-    Ok(atoms::ok())
+/// The documented term of an answer: `:ok` or `{:error, reason}` for the
+/// acquisitions, a boolean, `:ok` for the releases, and `held_locks/1`'s
+/// `[{:chat | :user, uuid, ref, since_us, age_s, stale}]`.
+pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
+    let refused = |reason: Atom| (atoms::error(), reason).encode(env);
+    match answer {
+        Answer::Acquire(Acquire::Acquired)
+        | Answer::AcquireUser(AcquireUser::Acquired)
+        | Answer::Done => atoms::ok().encode(env),
+        Answer::Acquire(Acquire::ConversationBusy) => refused(atoms::conversation_busy()),
+        Answer::Acquire(Acquire::TurnInFlight) | Answer::AcquireUser(AcquireUser::TurnInFlight) => {
+            refused(atoms::turn_in_flight())
+        }
+        Answer::Acquire(Acquire::ClickInFlight)
+        | Answer::AcquireUser(AcquireUser::ClickInFlight) => refused(atoms::click_in_flight()),
+        Answer::Yes(yes) => yes.encode(env),
+        Answer::Locks(locks) => locks
+            .iter()
+            .map(|lock| {
+                let kind = if lock.chat {
+                    atoms::chat()
+                } else {
+                    atoms::user()
+                };
+                (
+                    kind,
+                    &lock.id,
+                    &lock.holder,
+                    lock.since_us,
+                    lock.age_s,
+                    lock.stale,
+                )
+            })
+            .collect::<Vec<_>>()
+            .encode(env),
+    }
 }

@@ -136,13 +136,16 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
 
   defp assert_nif_refused(fun, args, name, what) do
     answer = native(fun, args)
-    flunk("Native.#{fun} with #{name} #{what} answered #{inspect(answer)} instead of raising")
+
+    flunk(
+      "Native.run/4 of #{fun} with #{name} #{what} answered #{inspect(answer)} instead of raising"
+    )
   rescue
     ArgumentError -> :ok
   end
 
   for {fun, arguments} <- arguments() do
-    describe "the NIF alone: Native.#{fun}/#{length(arguments) + 2}" do
+    describe "the NIF alone: Native.run/4 of #{fun}/#{length(arguments)}" do
       for {{name, kind}, position} <- Enum.with_index(arguments) do
         test "raises ArgumentError for #{name} terms it cannot use, and changes no row" do
           {args, ids} = call_that_would_write(unquote(fun))
@@ -182,14 +185,36 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
       assert_locks([chat: chat1, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
-    test "a term that is not a turn's token or a stamp is refused before anything else" do
+    test "a term that is not a turn's token, a stamp or a lock call is refused before anything else" do
       chat = insert_chat!()
       user = new_user()
-      [c, u] = Enum.map([chat, user], &uuid_bytes/1)
+      args = Enum.map([chat, user], &uuid_bytes/1) ++ ["t"]
       start = System.monotonic_time(:nanosecond)
 
-      assert_raise ArgumentError, fn -> Native.held?(:token, start, c, u, "t") end
-      assert_raise ArgumentError, fn -> Native.held?(Locks.turn!(start), :now, c, u, "t") end
+      assert_raise ArgumentError, fn -> Native.run(:token, start, :held?, args) end
+      assert_raise ArgumentError, fn -> Native.admit(:now, :held?, args) end
+      # A token never handed out (they start at 1): with a bad stamp, the
+      # stamp is refused; with a good one, the turn (nothing is sent).
+      assert_raise ArgumentError, fn -> Native.run(0, :now, :held?, args) end
+
+      assert %PhoenixKitAgent.Turns.Locks.Error{reason: :pool_timeout} =
+               assert_raise(PhoenixKitAgent.Turns.Locks.Error, fn ->
+                 Native.run(0, start, :held?, args)
+               end)
+
+      # Not a lock function, or not its arity: refused by admit/3 when the
+      # call must wait (other tests' calls may fill the gate), by run/4
+      # when it has a turn (given back).
+      for {function, args} <- [{:held, args}, {:held?, tl(args)}, {:held?, :args}] do
+        start = System.monotonic_time(:nanosecond)
+
+        assert_raise ArgumentError, fn ->
+          token = Native.admit(start, function, args)
+          Native.run(token, start, function, args)
+        end
+      end
+
+      assert native(:held?, [chat, user, "t"]) == false
     end
   end
 

@@ -62,26 +62,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def loaded, do: false
   def click_prefix, do: not_loaded()
 
-  # Turns: at most pool_size lock calls run at once (native/locks_nif/src/call.rs)
-  def admit(_start), do: not_loaded()
-  def leave(_ticket), do: not_loaded()
+  # Lock calls (native/locks_nif/src/call.rs): at most pool_size run at
+  # once. `function` is the name of the PhoenixKitAgent.Turns.Locks function,
+  # `args` its arguments (uuids as their 16 bytes), `start` the caller's stamp
+  # (System.monotonic_time(:nanosecond)).
+  def admit(_start, _function, _args), do: not_loaded()
+  def run(_token, _start, _function, _args), do: not_loaded()
+  def leave(_ticket, _start), do: not_loaded()
   def status, do: not_loaded()
-
-  # Locks: the turn's token and the caller's stamp, then the arguments of
-  # the PhoenixKitAgent.Turns.Locks function (uuids as their 16 bytes).
-  def acquire(_token, _start, _conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
-  def acquire_user(_token, _start, _user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
-  def fresh?(_token, _start, _conversation_uuid, _turn_ref, _ttl_s), do: not_loaded()
-  def held?(_token, _start, _conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
-  def keep(_token, _start, _conversation_uuid, _user_uuid, _turn_ref, _ttl_s), do: not_loaded()
-  def keep_user(_token, _start, _user_uuid, _ref, _ttl_s, _hold_s), do: not_loaded()
-  def held_locks(_token, _start, _ttl_s), do: not_loaded()
-  def release(_token, _start, _conversation_uuid, _user_uuid, _turn_ref), do: not_loaded()
-
-  def release_stale(_token, _start, _conversation_uuid, _user_uuid, _turn_ref, _ttl_s),
-    do: not_loaded()
-
-  def release_user(_token, _start, _user_uuid, _ref), do: not_loaded()
 
   # Schema
   def ddl(_kind, _prefix), do: not_loaded()
