@@ -3,6 +3,8 @@ defmodule PhoenixKitAgent.Turns.Locks.ClickRefTest do
 
   @ttl 60
 
+  doctest PhoenixKitAgent.Turns.Locks, only: [click_ref: 0]
+
   describe "click_ref/0" do
     test "starts with \"click:\" followed by 32 lower-case hex digits" do
       assert Locks.click_ref() =~ ~r/\Aclick:[0-9a-f]{32}\z/
