@@ -154,6 +154,9 @@ fn cluster() -> &'static Cluster {
                 .to_owned()
         };
         let mut url = start();
+        // Under a private checkout `_build/pg-tls` is a link to /var/tmp
+        // (see scripts/pg): the postgres user is given the link's target.
+        let dir = fs::canonicalize(&dir).expect("the cluster's directory");
         let certs = dir.join("tls");
         let data = dir.join("data");
         if !certs.join("ready").exists() {
@@ -166,18 +169,18 @@ fn cluster() -> &'static Cluster {
             run(Command::new("chmod")
                 .arg("600")
                 .arg(certs.join("server.key")));
-            // Each edit is skipped when a run that stopped half-way made it.
+            // The TLS block goes last, replacing one a run that stopped
+            // half-way wrote; the pg_hba edit is skipped when made already.
             let conf = data.join("postgresql.conf");
-            let mut text = fs::read_to_string(&conf).expect("postgresql.conf");
+            let text = fs::read_to_string(&conf).expect("postgresql.conf");
             let marker = "# TLS, for native/locks_core/tests/tls.rs";
-            if !text.contains(marker) {
-                text.push_str(&format!(
-                    "\n{marker}\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
-                    certs.join("server.crt").display(),
-                    certs.join("server.key").display()
-                ));
-                fs::write(&conf, text).expect("postgresql.conf is writable");
-            }
+            let mut text = text.split(marker).next().unwrap_or_default().to_owned();
+            text.push_str(&format!(
+                "{marker}\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                certs.join("server.crt").display(),
+                certs.join("server.key").display()
+            ));
+            fs::write(&conf, text).expect("postgresql.conf is writable");
             // Refuse every TCP connection without TLS: a call that succeeds
             // below went over TLS.
             let hba = data.join("pg_hba.conf");
@@ -192,6 +195,8 @@ fn cluster() -> &'static Cluster {
                 .expect("pg_hba.conf is writable");
             }
             run(as_pg(&pg_bin().join("pg_ctl").display().to_string())
+                // Not the crate's directory: the postgres user may not reach it.
+                .current_dir("/")
                 .arg("-D")
                 .arg(&data)
                 // A log file of its own, or the server would hold this
