@@ -207,10 +207,15 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
 
     assert_receive {:running, ref}, 5_000
     assert Locks.held?(chat, user, ref)
-    assert keepers() == 1
+    assert [{_, keeper, _, _}] = DynamicSupervisor.which_children(Locks.Keepers)
+    watch = Process.monitor(keeper)
     Process.exit(caller, :kill)
 
-    assert Enum.any?(1..500, fn _ -> keepers() == 0 and free?(chat, user) end)
+    # The keeper ends once it has released (a count of tries would pass in
+    # microseconds while the release is still on its way).
+    assert_receive {:DOWN, ^watch, :process, ^keeper, _}, 5_000
+    assert keepers() == 0
+    assert free?(chat, user)
   end
 
   test "a graceful stop of the application releases the running turns' locks", %{
