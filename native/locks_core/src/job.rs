@@ -3,67 +3,74 @@
 //!
 //! A job owns its arguments, so that a call that waits for its turn can be
 //! handed, whole, to the call that frees the turn and run there (see
-//! `admission.rs`); [`LockPool::run`] runs any job as its one statement.
+//! `admission.rs`). [`LockPool::run`](crate::LockPool::run) sends any job
+//! as its one statement; [`Job::answer`] reads the rows it returned.
 
-use crate::{Acquire, AcquireUser, ClickRef, Deadline, HeldLock, Hold, LockPool, Result};
-use crate::{Ttl, TurnRef, Uuid};
+use tokio_postgres::Row;
+
+use crate::outcome::{Acquire, AcquireUser, HeldLock};
+use crate::pool::{get, only};
+use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 
 /// A lock call and its arguments, one variant per function of the Elixir API.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[allow(missing_docs)]
+#[allow(missing_docs)] // the fields: the Elixir function's arguments
 pub enum Job {
+    /// Takes the chat's and the user's lock for `turn`, or neither (`sql::ACQUIRE`).
     Acquire {
         chat: Uuid,
         user: Uuid,
         turn: TurnRef,
         ttl: Ttl,
     },
+    /// Takes the user's lock alone for a click, dated back by `ttl - hold` (`sql::ACQUIRE_USER`).
     AcquireUser {
         user: Uuid,
         click: ClickRef,
         ttl: Ttl,
         hold: Hold,
     },
-    Fresh {
-        chat: Uuid,
-        turn: TurnRef,
-        ttl: Ttl,
-    },
+    /// Whether the chat's lock is `turn`'s and not older than `ttl` (`sql::FRESH`).
+    Fresh { chat: Uuid, turn: TurnRef, ttl: Ttl },
+    /// Whether `turn` holds both locks (`sql::HELD`).
     Held {
         chat: Uuid,
         user: Uuid,
         turn: TurnRef,
     },
+    /// Re-dates both locks of `turn` while it holds both and neither is
+    /// older than `ttl`; `true` when it did (`sql::KEEP`).
     Keep {
         chat: Uuid,
         user: Uuid,
         turn: TurnRef,
         ttl: Ttl,
     },
+    /// Re-dates the click's lock as if taken now; `true` when `click` held it (`sql::KEEP_USER`).
     KeepUser {
         user: Uuid,
         click: ClickRef,
         ttl: Ttl,
         hold: Hold,
     },
-    HeldLocks {
-        ttl: Ttl,
-    },
+    /// Every lock taken, oldest first, judged stale by `ttl` (`sql::HELD_LOCKS`).
+    HeldLocks { ttl: Ttl },
+    /// Frees whichever of the two locks `turn` still holds (`sql::RELEASE`).
     Release {
         chat: Uuid,
         user: Uuid,
         turn: TurnRef,
     },
+    /// Frees a lost turn's locks while the chat's is still its and older
+    /// than `ttl`; `true` when this call freed it (`sql::RELEASE_STALE`).
     ReleaseStale {
         chat: Uuid,
         user: Uuid,
         turn: TurnRef,
         ttl: Ttl,
     },
-    ReleaseUser {
-        user: Uuid,
-        click: ClickRef,
-    },
+    /// Frees the user's lock if `click` still holds it (`sql::RELEASE_USER`).
+    ReleaseUser { user: Uuid, click: ClickRef },
 }
 
 /// What a [`Job`] answered.
@@ -81,58 +88,52 @@ pub enum Answer {
     Locks(Vec<HeldLock>),
 }
 
-impl LockPool {
-    /// Runs `job`'s one statement within `deadline`.
-    pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
-        Ok(match job {
-            Job::Acquire {
-                chat,
-                user,
-                turn,
-                ttl,
-            } => Answer::Acquire(self.acquire(deadline, chat, user, turn, *ttl).await?),
-            Job::AcquireUser {
-                user,
-                click,
-                ttl,
-                hold,
-            } => Answer::AcquireUser(
-                self.acquire_user(deadline, user, click, *ttl, *hold)
-                    .await?,
+impl Job {
+    /// The answer in the rows this job's statement returned.
+    pub(crate) fn answer(&self, rows: &[Row]) -> Result<Answer> {
+        Ok(match self {
+            Job::Acquire { turn, .. } => {
+                let row = only(rows)?;
+                let acquired: bool = get(row, 0)?;
+                let holder: Option<&str> = get(row, 1)?;
+                Answer::Acquire(match (acquired, holder) {
+                    (true, _) => Acquire::Acquired,
+                    (false, None) => Acquire::ConversationBusy,
+                    (false, Some(holder)) => {
+                        match AcquireUser::from_holder(holder, turn.as_str()) {
+                            AcquireUser::ClickInFlight => Acquire::ClickInFlight,
+                            // The user's lock was ours but the chat could not be
+                            // written: impossible while the chat row is locked,
+                            // but never report an acquisition that did not happen.
+                            AcquireUser::Acquired => Acquire::ConversationBusy,
+                            AcquireUser::TurnInFlight => Acquire::TurnInFlight,
+                        }
+                    }
+                })
+            }
+            Job::AcquireUser { click, .. } => {
+                let holder: &str = get(only(rows)?, 0)?;
+                Answer::AcquireUser(AcquireUser::from_holder(holder, click.as_str()))
+            }
+            Job::Fresh { .. } | Job::Held { .. } | Job::Keep { .. } | Job::ReleaseStale { .. } => {
+                Answer::Yes(get(only(rows)?, 0)?)
+            }
+            Job::KeepUser { .. } => Answer::Yes(rows.len() == 1),
+            Job::HeldLocks { .. } => Answer::Locks(
+                rows.iter()
+                    .map(|row| {
+                        Ok(HeldLock {
+                            chat: get::<&str>(row, 0)? == "chat",
+                            id: get(row, 1)?,
+                            holder: get(row, 2)?,
+                            since_us: get(row, 3)?,
+                            age_s: get(row, 4)?,
+                            stale: get(row, 5)?,
+                        })
+                    })
+                    .collect::<Result<_>>()?,
             ),
-            Job::Fresh { chat, turn, ttl } => {
-                Answer::Yes(self.fresh(deadline, chat, turn, *ttl).await?)
-            }
-            Job::Held { chat, user, turn } => {
-                Answer::Yes(self.held(deadline, chat, user, turn).await?)
-            }
-            Job::Keep {
-                chat,
-                user,
-                turn,
-                ttl,
-            } => Answer::Yes(self.keep(deadline, chat, user, turn, *ttl).await?),
-            Job::KeepUser {
-                user,
-                click,
-                ttl,
-                hold,
-            } => Answer::Yes(self.keep_user(deadline, user, click, *ttl, *hold).await?),
-            Job::HeldLocks { ttl } => Answer::Locks(self.held_locks(deadline, *ttl).await?),
-            Job::Release { chat, user, turn } => {
-                self.release(deadline, chat, user, turn).await?;
-                Answer::Done
-            }
-            Job::ReleaseStale {
-                chat,
-                user,
-                turn,
-                ttl,
-            } => Answer::Yes(self.release_stale(deadline, chat, user, turn, *ttl).await?),
-            Job::ReleaseUser { user, click } => {
-                self.release_user(deadline, user, click).await?;
-                Answer::Done
-            }
+            Job::Release { .. } | Job::ReleaseUser { .. } => Answer::Done,
         })
     }
 }

@@ -1,4 +1,4 @@
-//! [`LockPool`]: a pool of connections and the statements, one method per call.
+//! [`LockPool`]: a pool of connections and the statements; [`LockPool::run`] sends a job's one statement.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -8,10 +8,10 @@ use once_cell::sync::OnceCell;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::Row;
 
-use crate::args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
-use crate::outcome::{Acquire, AcquireUser, HeldLock};
+use crate::job::{Answer, Job};
+
 use crate::schema::{self, Column, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Statement, Statements};
@@ -214,198 +214,107 @@ impl LockPool {
         Ok(self.statements.get_or_init(|| statements).clone())
     }
 
-    /// Takes the chat's and the user's lock for `turn`, or neither ([`sql::ACQUIRE`]).
-    pub async fn acquire(
-        &self,
-        deadline: Deadline,
-        chat: &Uuid,
-        user: &Uuid,
-        turn: &TurnRef,
-        ttl: Ttl,
-    ) -> Result<Acquire> {
-        let rows = self
-            .query(
-                deadline,
-                |s| &s.acquire,
-                &[chat, user, &turn.as_str(), &ttl.seconds()],
-            )
-            .await?;
-        let row = only(&rows)?;
-        let acquired: bool = get(row, 0)?;
-        let holder: Option<&str> = get(row, 1)?;
-        Ok(match (acquired, holder) {
-            (true, _) => Acquire::Acquired,
-            (false, None) => Acquire::ConversationBusy,
-            (false, Some(holder)) => match AcquireUser::from_holder(holder, turn.as_str()) {
-                AcquireUser::ClickInFlight => Acquire::ClickInFlight,
-                // The user's lock was ours but the chat could not be written:
-                // impossible while the chat row is locked, but never report
-                // an acquisition that did not happen.
-                AcquireUser::Acquired => Acquire::ConversationBusy,
-                AcquireUser::TurnInFlight => Acquire::TurnInFlight,
-            },
-        })
-    }
-
-    /// Takes the user's lock alone for a click, dated back by `ttl - hold` ([`sql::ACQUIRE_USER`]).
-    pub async fn acquire_user(
-        &self,
-        deadline: Deadline,
-        user: &Uuid,
-        click: &ClickRef,
-        ttl: Ttl,
-        hold: Hold,
-    ) -> Result<AcquireUser> {
-        let rows = self
-            .query(
-                deadline,
-                |s| &s.acquire_user,
-                &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
-            )
-            .await?;
-        let holder: &str = get(only(&rows)?, 0)?;
-        Ok(AcquireUser::from_holder(holder, click.as_str()))
-    }
-
-    /// Whether the chat's lock is `turn`'s and not older than `ttl` ([`sql::FRESH`]).
-    pub async fn fresh(
-        &self,
-        deadline: Deadline,
-        chat: &Uuid,
-        turn: &TurnRef,
-        ttl: Ttl,
-    ) -> Result<bool> {
-        let rows = self
-            .query(
-                deadline,
-                |s| &s.fresh,
-                &[chat, &turn.as_str(), &ttl.seconds()],
-            )
-            .await?;
-        get(only(&rows)?, 0)
-    }
-
-    /// Whether `turn` holds both locks ([`sql::HELD`]).
-    pub async fn held(
-        &self,
-        deadline: Deadline,
-        chat: &Uuid,
-        user: &Uuid,
-        turn: &TurnRef,
-    ) -> Result<bool> {
-        let rows = self
-            .query(deadline, |s| &s.held, &[chat, user, &turn.as_str()])
-            .await?;
-        get(only(&rows)?, 0)
-    }
-
-    /// Re-dates the click's lock as if taken now; `true` when `click` held it ([`sql::KEEP_USER`]).
-    pub async fn keep_user(
-        &self,
-        deadline: Deadline,
-        user: &Uuid,
-        click: &ClickRef,
-        ttl: Ttl,
-        hold: Hold,
-    ) -> Result<bool> {
-        let rows = self
-            .query(
-                deadline,
-                |s| &s.keep_user,
-                &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
-            )
-            .await?;
-        Ok(rows.len() == 1)
-    }
-
-    /// Re-dates both locks of `turn` while it holds both and neither is
-    /// older than `ttl`; `true` when it did ([`sql::KEEP`]).
-    pub async fn keep(
-        &self,
-        deadline: Deadline,
-        chat: &Uuid,
-        user: &Uuid,
-        turn: &TurnRef,
-        ttl: Ttl,
-    ) -> Result<bool> {
-        let rows = self
-            .query(
-                deadline,
-                |s| &s.keep,
-                &[chat, user, &turn.as_str(), &ttl.seconds()],
-            )
-            .await?;
-        get(only(&rows)?, 0)
-    }
-
-    /// Every lock taken, oldest first, judged stale by `ttl` ([`sql::HELD_LOCKS`]).
-    pub async fn held_locks(&self, deadline: Deadline, ttl: Ttl) -> Result<Vec<HeldLock>> {
-        let rows = self
-            .query(deadline, |s| &s.held_locks, &[&ttl.seconds()])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(HeldLock {
-                    chat: get::<&str>(row, 0)? == "chat",
-                    id: get(row, 1)?,
-                    holder: get(row, 2)?,
-                    since_us: get(row, 3)?,
-                    age_s: get(row, 4)?,
-                    stale: get(row, 5)?,
-                })
-            })
-            .collect()
+    /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
+    /// each one does, `sql.rs` for how); its answer.
+    pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
+        let rows = match job {
+            Job::Acquire {
+                chat,
+                user,
+                turn,
+                ttl,
+            } => {
+                self.query(
+                    deadline,
+                    |s| &s.acquire,
+                    &[chat, user, &turn.as_str(), &ttl.seconds()],
+                )
+                .await?
+            }
+            Job::AcquireUser {
+                user,
+                click,
+                ttl,
+                hold,
+            } => {
+                self.query(
+                    deadline,
+                    |s| &s.acquire_user,
+                    &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
+                )
+                .await?
+            }
+            Job::Fresh { chat, turn, ttl } => {
+                self.query(
+                    deadline,
+                    |s| &s.fresh,
+                    &[chat, &turn.as_str(), &ttl.seconds()],
+                )
+                .await?
+            }
+            Job::Held { chat, user, turn } => {
+                self.query(deadline, |s| &s.held, &[chat, user, &turn.as_str()])
+                    .await?
+            }
+            Job::Keep {
+                chat,
+                user,
+                turn,
+                ttl,
+            } => {
+                self.query(
+                    deadline,
+                    |s| &s.keep,
+                    &[chat, user, &turn.as_str(), &ttl.seconds()],
+                )
+                .await?
+            }
+            Job::KeepUser {
+                user,
+                click,
+                ttl,
+                hold,
+            } => {
+                self.query(
+                    deadline,
+                    |s| &s.keep_user,
+                    &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
+                )
+                .await?
+            }
+            Job::HeldLocks { ttl } => {
+                self.query(deadline, |s| &s.held_locks, &[&ttl.seconds()])
+                    .await?
+            }
+            Job::Release { chat, user, turn } => {
+                self.query(deadline, |s| &s.release, &[chat, user, &turn.as_str()])
+                    .await?
+            }
+            Job::ReleaseStale {
+                chat,
+                user,
+                turn,
+                ttl,
+            } => {
+                self.query(
+                    deadline,
+                    |s| &s.release_stale,
+                    &[chat, user, &turn.as_str(), &ttl.seconds()],
+                )
+                .await?
+            }
+            Job::ReleaseUser { user, click } => {
+                self.query(deadline, |s| &s.release_user, &[user, &click.as_str()])
+                    .await?
+            }
+        };
+        job.answer(&rows)
     }
 
     /// Connections in the pool, and those of them idle.
     pub fn connections(&self) -> (usize, usize) {
         let status = self.pool.status();
         (status.size, status.available)
-    }
-
-    /// Frees whichever of the two locks `turn` still holds ([`sql::RELEASE`]).
-    pub async fn release(
-        &self,
-        deadline: Deadline,
-        chat: &Uuid,
-        user: &Uuid,
-        turn: &TurnRef,
-    ) -> Result<()> {
-        self.query(deadline, |s| &s.release, &[chat, user, &turn.as_str()])
-            .await?;
-        Ok(())
-    }
-
-    /// Frees a lost turn's locks while the chat's is still its and older than
-    /// `ttl`; `true` when this call freed it ([`sql::RELEASE_STALE`]).
-    pub async fn release_stale(
-        &self,
-        deadline: Deadline,
-        chat: &Uuid,
-        user: &Uuid,
-        turn: &TurnRef,
-        ttl: Ttl,
-    ) -> Result<bool> {
-        let rows = self
-            .query(
-                deadline,
-                |s| &s.release_stale,
-                &[chat, user, &turn.as_str(), &ttl.seconds()],
-            )
-            .await?;
-        get(only(&rows)?, 0)
-    }
-
-    /// Frees the user's lock if `click` still holds it ([`sql::RELEASE_USER`]).
-    pub async fn release_user(
-        &self,
-        deadline: Deadline,
-        user: &Uuid,
-        click: &ClickRef,
-    ) -> Result<()> {
-        self.query(deadline, |s| &s.release_user, &[user, &click.as_str()])
-            .await?;
-        Ok(())
     }
 
     /// Runs DDL text (from [`crate::schema`]) as one simple-protocol batch.
@@ -479,7 +388,7 @@ async fn send(
 }
 
 /// The only row of a statement that returns exactly one.
-fn only(rows: &[Row]) -> Result<&Row> {
+pub(crate) fn only(rows: &[Row]) -> Result<&Row> {
     match rows {
         [row] => Ok(row),
         _ => Err(unexpected(format!(
@@ -490,7 +399,7 @@ fn only(rows: &[Row]) -> Result<&Row> {
 }
 
 /// Column `i` of `row`.
-fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
+pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
     row.try_get(i).map_err(|e| unexpected(e.to_string()))
 }
 

@@ -5,7 +5,9 @@
 
 mod common;
 
-use locks_core::{Acquire, AcquireUser, ClickRef, Hold, LockPool, Prepare, Ttl, TurnRef, Uuid};
+use locks_core::{
+    Acquire, AcquireUser, Answer, ClickRef, Hold, Job, LockPool, Prepare, Ttl, TurnRef, Uuid,
+};
 
 fn uuid(byte: u8) -> Uuid {
     let mut bytes = rand_bytes();
@@ -53,53 +55,90 @@ async fn every_call(prepare: Prepare) {
     let other = TurnRef::new("smoke-other").expect("a turn ref");
     let click = ClickRef::new("click:smoke").expect("a click ref");
 
+    let run = |job: Job| {
+        let pool = &pool;
+        async move { pool.run(at(), &job).await.ok() }
+    };
+    let acquire = |chat: Uuid, user: Uuid, turn: &TurnRef| Job::Acquire {
+        chat,
+        user,
+        turn: turn.clone(),
+        ttl,
+    };
+    let (held, fresh) = (
+        Job::Held {
+            chat,
+            user,
+            turn: turn.clone(),
+        },
+        Job::Fresh {
+            chat,
+            turn: turn.clone(),
+            ttl,
+        },
+    );
+    let (acquire_user, keep_user) = (
+        Job::AcquireUser {
+            user,
+            click: click.clone(),
+            ttl,
+            hold,
+        },
+        Job::KeepUser {
+            user,
+            click: click.clone(),
+            ttl,
+            hold,
+        },
+    );
+
     assert_eq!(
-        pool.acquire(at(), &chat, &user, &turn, ttl).await.ok(),
-        Some(Acquire::Acquired)
+        run(acquire(chat, user, &turn)).await,
+        Some(Answer::Acquire(Acquire::Acquired))
     );
     assert_eq!(
-        pool.acquire(at(), &chat, &uuid(4), &other, ttl).await.ok(),
-        Some(Acquire::ConversationBusy)
+        run(acquire(chat, uuid(4), &other)).await,
+        Some(Answer::Acquire(Acquire::ConversationBusy))
     );
     assert_eq!(
-        pool.acquire(at(), &other_chat, &user, &other, ttl)
-            .await
-            .ok(),
-        Some(Acquire::TurnInFlight)
+        run(acquire(other_chat, user, &other)).await,
+        Some(Answer::Acquire(Acquire::TurnInFlight))
     );
-    assert_eq!(pool.held(at(), &chat, &user, &turn).await.ok(), Some(true));
-    assert_eq!(pool.fresh(at(), &chat, &turn, ttl).await.ok(), Some(true));
+    assert_eq!(run(held.clone()).await, Some(Answer::Yes(true)));
+    assert_eq!(run(fresh).await, Some(Answer::Yes(true)));
+    let release_stale = Job::ReleaseStale {
+        chat,
+        user,
+        turn: turn.clone(),
+        ttl,
+    };
+    assert_eq!(run(release_stale).await, Some(Answer::Yes(false)));
     assert_eq!(
-        pool.release_stale(at(), &chat, &user, &turn, ttl)
-            .await
-            .ok(),
-        Some(false)
+        run(acquire_user.clone()).await,
+        Some(Answer::AcquireUser(AcquireUser::TurnInFlight))
     );
+    let release = Job::Release {
+        chat,
+        user,
+        turn: turn.clone(),
+    };
+    assert_eq!(run(release).await, Some(Answer::Done));
+    assert_eq!(run(held).await, Some(Answer::Yes(false)));
     assert_eq!(
-        pool.acquire_user(at(), &user, &click, ttl, hold).await.ok(),
-        Some(AcquireUser::TurnInFlight)
-    );
-    assert!(pool.release(at(), &chat, &user, &turn).await.is_ok());
-    assert_eq!(pool.held(at(), &chat, &user, &turn).await.ok(), Some(false));
-    assert_eq!(
-        pool.acquire_user(at(), &user, &click, ttl, hold).await.ok(),
-        Some(AcquireUser::Acquired)
-    );
-    assert_eq!(
-        pool.acquire(at(), &other_chat, &user, &other, ttl)
-            .await
-            .ok(),
-        Some(Acquire::ClickInFlight)
+        run(acquire_user).await,
+        Some(Answer::AcquireUser(AcquireUser::Acquired))
     );
     assert_eq!(
-        pool.keep_user(at(), &user, &click, ttl, hold).await.ok(),
-        Some(true)
+        run(acquire(other_chat, user, &other)).await,
+        Some(Answer::Acquire(Acquire::ClickInFlight))
     );
-    assert!(pool.release_user(at(), &user, &click).await.is_ok());
-    assert_eq!(
-        pool.keep_user(at(), &user, &click, ttl, hold).await.ok(),
-        Some(false)
-    );
+    assert_eq!(run(keep_user.clone()).await, Some(Answer::Yes(true)));
+    let release_user = Job::ReleaseUser {
+        user,
+        click: click.clone(),
+    };
+    assert_eq!(run(release_user).await, Some(Answer::Done));
+    assert_eq!(run(keep_user).await, Some(Answer::Yes(false)));
 }
 
 #[tokio::test]

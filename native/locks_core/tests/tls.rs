@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use locks_core::{Error, Location, LockPool, Settings, SslMode, TurnRef, Uuid};
+use locks_core::{Answer, Error, Job, Location, LockPool, Settings, SslMode, TurnRef, Uuid};
 
 /// The cluster's URL (no TLS parameters) and the certificates' directory.
 struct Cluster {
@@ -250,7 +250,15 @@ async fn call(settings: Settings) -> Result<bool, Error> {
     let pool = LockPool::new(settings.clone())?;
     let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
     let turn = TurnRef::new("turn-tls").expect("a turn ref");
-    pool.held(common::now(&settings), &id, &id, &turn).await
+    let job = Job::Held {
+        chat: id,
+        user: id,
+        turn,
+    };
+    match pool.run(common::now(&settings), &job).await? {
+        Answer::Yes(held) => Ok(held),
+        other => panic!("held answered {other:?}"),
+    }
 }
 
 #[tokio::test]
