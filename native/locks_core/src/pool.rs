@@ -217,8 +217,32 @@ impl LockPool {
     /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
     /// each one does, `sql.rs` for how); its answer.
     pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
+        let statement: fn(&Statements) -> &Statement = match job {
+            Job::Acquire { .. } => |s| &s.acquire,
+            Job::AcquireUser { .. } => |s| &s.acquire_user,
+            Job::Fresh { .. } => |s| &s.fresh,
+            Job::Held { .. } => |s| &s.held,
+            Job::Keep { .. } => |s| &s.keep,
+            Job::KeepUser { .. } => |s| &s.keep_user,
+            Job::HeldLocks { .. } => |s| &s.held_locks,
+            Job::Release { .. } => |s| &s.release,
+            Job::ReleaseStale { .. } => |s| &s.release_stale,
+            Job::ReleaseUser { .. } => |s| &s.release_user,
+        };
         let rows = match job {
             Job::Acquire {
+                chat,
+                user,
+                turn,
+                ttl,
+            }
+            | Job::Keep {
+                chat,
+                user,
+                turn,
+                ttl,
+            }
+            | Job::ReleaseStale {
                 chat,
                 user,
                 turn,
@@ -226,7 +250,7 @@ impl LockPool {
             } => {
                 self.query(
                     deadline,
-                    |s| &s.acquire,
+                    statement,
                     &[chat, user, &turn.as_str(), &ttl.seconds()],
                 )
                 .await?
@@ -236,40 +260,8 @@ impl LockPool {
                 click,
                 ttl,
                 hold,
-            } => {
-                self.query(
-                    deadline,
-                    |s| &s.acquire_user,
-                    &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
-                )
-                .await?
             }
-            Job::Fresh { chat, turn, ttl } => {
-                self.query(
-                    deadline,
-                    |s| &s.fresh,
-                    &[chat, &turn.as_str(), &ttl.seconds()],
-                )
-                .await?
-            }
-            Job::Held { chat, user, turn } => {
-                self.query(deadline, |s| &s.held, &[chat, user, &turn.as_str()])
-                    .await?
-            }
-            Job::Keep {
-                chat,
-                user,
-                turn,
-                ttl,
-            } => {
-                self.query(
-                    deadline,
-                    |s| &s.keep,
-                    &[chat, user, &turn.as_str(), &ttl.seconds()],
-                )
-                .await?
-            }
-            Job::KeepUser {
+            | Job::KeepUser {
                 user,
                 click,
                 ttl,
@@ -277,34 +269,22 @@ impl LockPool {
             } => {
                 self.query(
                     deadline,
-                    |s| &s.keep_user,
+                    statement,
                     &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
                 )
                 .await?
             }
-            Job::HeldLocks { ttl } => {
-                self.query(deadline, |s| &s.held_locks, &[&ttl.seconds()])
+            Job::Held { chat, user, turn } | Job::Release { chat, user, turn } => {
+                self.query(deadline, statement, &[chat, user, &turn.as_str()])
                     .await?
             }
-            Job::Release { chat, user, turn } => {
-                self.query(deadline, |s| &s.release, &[chat, user, &turn.as_str()])
+            Job::Fresh { chat, turn, ttl } => {
+                self.query(deadline, statement, &[chat, &turn.as_str(), &ttl.seconds()])
                     .await?
             }
-            Job::ReleaseStale {
-                chat,
-                user,
-                turn,
-                ttl,
-            } => {
-                self.query(
-                    deadline,
-                    |s| &s.release_stale,
-                    &[chat, user, &turn.as_str(), &ttl.seconds()],
-                )
-                .await?
-            }
+            Job::HeldLocks { ttl } => self.query(deadline, statement, &[&ttl.seconds()]).await?,
             Job::ReleaseUser { user, click } => {
-                self.query(deadline, |s| &s.release_user, &[user, &click.as_str()])
+                self.query(deadline, statement, &[user, &click.as_str()])
                     .await?
             }
         };
