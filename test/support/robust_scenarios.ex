@@ -373,7 +373,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   # returns once the first runs and every other one waits in the queue, in
   # the order given (so the test knows the order the gate serves them in);
   # `answers/1` collects, for each, `{answer, ended}`: `Race.attempt/2`'s
-  # value and when the call returned (monotonic, microseconds).
+  # value and when the call returned (monotonic, microseconds). The first
+  # caller can be killed while its call runs (`kill_first/0`): its answer is
+  # then `:killed`.
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
@@ -381,7 +383,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
   def start([first | queued]) do
     collector = self_collector()
-    call(collector, 0, first)
+    Process.register(call(collector, 0, first), __MODULE__.First)
     :ok = Faults.until(fn -> Locks.status().pool.running == 1 end, 10_000)
 
     for {call, i} <- Enum.with_index(queued, 1) do
@@ -395,6 +397,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   @doc "`Native.admit/3` of a call stamped now (this node's clock): its value or what it raised."
   def admit(function, args) do
     Race.attempt_in(Locks.Native, :admit, [System.monotonic_time(:nanosecond), function, args])
+  end
+
+  def kill_first do
+    Process.exit(Process.whereis(__MODULE__.First), :kill)
+    send(__MODULE__, {:answer, 0, {:killed, System.monotonic_time(:microsecond)}})
+    :ok
   end
 
   def answers(n) do

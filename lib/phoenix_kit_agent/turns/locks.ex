@@ -354,7 +354,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   What the library is doing: `:pool` (`:size`, the calls that may run at
-  once; `:running`, `:waiting` for a turn; the pool's `:connections` and
+  once; `:running`, `:waiting` for a turn; `:served`, the calls run in
+  another call's turn since the VM started; the pool's `:connections` and
   those `:idle`), `:calls` (by function, the count of each outcome: `:ok`,
   each refusal reason, each error reason) and `:latency` (by function:
   `:calls`, `:p50_us`, `:p99_us`, `:max_us`, the upper bounds of
@@ -370,6 +371,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
         size: pool.capacity,
         running: pool.running,
         waiting: pool.waiting,
+        served: pool.served,
         connections: pool.connections,
         idle: pool.idle
       }
@@ -402,7 +404,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # beyond them leaves its call with the gate and waits here, on a normal
   # scheduler, first come first served, until its checkout deadline: for a
   # turn, or for the answer of a call that ran its job in its own turn
-  # (native/locks_nif/src/call.rs).
+  # (native/locks_nif/src/call.rs). A call that ran others' jobs sends their
+  # answers once it is back on a normal scheduler.
   def call(function, start, args) do
     case Native.admit(start, function, args) do
       {:wait, ticket, wait_ms} ->
@@ -413,30 +416,56 @@ defmodule PhoenixKitAgent.Turns.Locks do
         end
 
       token ->
-        Native.run(token, start, function, args)
+        run_in_turn(token, start, function, args)
     end
   end
 
-  defp reply({:turn, token}, function, start, args), do: Native.run(token, start, function, args)
-  defp reply({:done, answer}, _function, _start, _args), do: answer
-  defp reply({:raise, exception}, _function, _start, _args), do: raise(exception)
+  defp run_in_turn(token, start, function, args) do
+    case Native.run(token, start, function, args) do
+      {:phoenix_kit_agent_locks, :deliver, answer} ->
+        Native.deliver()
+        answer
+
+      answer ->
+        answer
+    end
+  end
+
+  defp reply({:turn, token}, function, start, args), do: run_in_turn(token, start, function, args)
+  defp reply(served, _function, _start, _args), do: served_answer(served)
+
+  defp served_answer({:done, answer}), do: answer
+  defp served_answer({:raise, exception}), do: raise(exception)
 
   # The checkout deadline passed. `leave/2` takes the call out of the queue,
   # or gives back a turn sent just now, and the call fails with
-  # :pool_timeout; or it says the job is running in another call's turn, and
-  # its answer is on its way (it may also have come just now).
+  # :pool_timeout; or it says the job ran, or is running, in another call's
+  # turn, and its answer is on its way (it may also have come just now: an
+  # answer sent before leave/2 is in the mailbox). The job ends within the
+  # call's deadline, so when the answer is not here by then plus a second,
+  # the call that ran it was killed before it sent it: deliver/0 sends it.
   defp give_up(ticket, function, start, args) do
-    {answer_within, timeout} =
-      case Native.leave(ticket, start) do
-        {:served, wait_ms} -> {wait_ms, no_answer(wait_ms)}
-        {:left, pool_timeout} -> {0, pool_timeout}
-      end
+    case Native.leave(ticket, start) do
+      {:served, wait_ms} ->
+        receive do
+          {:phoenix_kit_agent_locks, ^ticket, message} -> reply(message, function, start, args)
+        after
+          wait_ms ->
+            Native.deliver()
+            answer_now(ticket, no_answer(wait_ms))
+        end
 
+      {:left, pool_timeout} ->
+        answer_now(ticket, pool_timeout)
+    end
+  end
+
+  defp answer_now(ticket, error) do
     receive do
-      {:phoenix_kit_agent_locks, ^ticket, {:turn, _}} -> raise timeout
-      {:phoenix_kit_agent_locks, ^ticket, message} -> reply(message, function, start, args)
+      {:phoenix_kit_agent_locks, ^ticket, {:turn, _}} -> raise error
+      {:phoenix_kit_agent_locks, ^ticket, served} -> served_answer(served)
     after
-      answer_within -> raise timeout
+      0 -> raise error
     end
   end
 

@@ -18,10 +18,12 @@
 //!   first waiters itself ([`Gate::serve`]: the turn passes from call to
 //!   call without leaving the dirty scheduler, and the connection it stands
 //!   for is never idle between them); then [`Gate::release`] gives the turn
-//!   back and hands it to the first live waiter, as a [`Wake`].
+//!   back and hands it to the first live waiter, as a [`Wake`]. The answers
+//!   of the calls it ran are sent later, and [`Gate::answered`] says so.
 //! * [`Gate::leave`]: a waiter whose deadline passed takes itself out of
 //!   the queue, or gives back the turn it was handed too late; it is told
-//!   when its call is being run by another, whose answer it then waits for.
+//!   when its call was run by another and its answer is not sent yet, and
+//!   then waits for it.
 //!
 //! Waiters are served first come, first served: while anybody waits, a new
 //! caller queues behind them. A turn handed out but never used (its caller
@@ -67,8 +69,7 @@ pub struct Wake<W> {
 #[must_use = "a permit must be given back with Gate::release"]
 #[derive(Debug)]
 pub struct Permit {
-    /// The ticket of the waiter whose call it runs now, if any.
-    serving: Option<u64>,
+    _turn: (),
 }
 
 /// What [`Gate::leave`] found of a waiter.
@@ -77,8 +78,8 @@ pub enum Left {
     /// It was queued, or handed a turn too late: it is out, and its call
     /// was never run.
     Out,
-    /// Its call is being run by another ([`Gate::serve`]): the answer is
-    /// coming.
+    /// Its call is being run by another ([`Gate::serve`]), or was, and its
+    /// answer is not sent yet: the answer is coming.
     Served,
 }
 
@@ -93,6 +94,8 @@ pub struct Counts {
     pub granted: usize,
     /// Callers waiting for a turn.
     pub waiting: usize,
+    /// Calls run in another call's turn, since the gate was made.
+    pub served: u64,
 }
 
 /// The turns of one VM (see the module doc).
@@ -107,8 +110,10 @@ struct State<W> {
     running: usize,
     granted: Vec<Grant>,
     queue: VecDeque<Waiter<W>>,
-    /// The tickets of the waiters whose calls are running in another's turn.
+    /// The tickets of the waiters whose calls run, or ran, in another's
+    /// turn, until their answers are sent.
     serving: Vec<u64>,
+    served: u64,
     last_id: u64,
 }
 
@@ -143,6 +148,7 @@ impl<W> Gate<W> {
                 granted: Vec::new(),
                 queue: VecDeque::new(),
                 serving: Vec::new(),
+                served: 0,
                 last_id: 0,
             }),
         }
@@ -220,7 +226,7 @@ impl<W> Gate<W> {
             Some(i) if state.granted[i].expires > now => {
                 state.granted.swap_remove(i);
                 state.running += 1;
-                Some(Permit { serving: None })
+                Some(Permit { _turn: () })
             }
             _ => None,
         };
@@ -229,36 +235,35 @@ impl<W> Gate<W> {
     }
 
     /// The first live waiter whose deadline has not passed, for the holder
-    /// of `permit` to run its call in this turn: its ticket and `W`. The call
-    /// the permit ran before is done (its answer sent). `None` when nobody
-    /// waits.
+    /// of `_permit` to run its call in this turn: its ticket and `W`. The
+    /// waiter is told [`Left::Served`] until [`Gate::answered`]. `None` when
+    /// nobody waits.
     pub fn serve(
         &self,
-        permit: &mut Permit,
+        _permit: &Permit,
         now: i64,
         alive: impl Fn(&W) -> bool,
     ) -> Option<(u64, W)> {
         let mut state = self.lock();
-        state.done(permit);
         while let Some(waiter) = state.queue.pop_front() {
             if waiter.expires > now && alive(&waiter.who) {
                 state.serving.push(waiter.ticket);
-                permit.serving = Some(waiter.ticket);
+                state.served += 1;
                 return Some((waiter.ticket, waiter.who));
             }
         }
         None
     }
 
+    /// The answers of these served calls have been sent to their callers.
+    pub fn answered(&self, tickets: &[u64]) {
+        self.lock().serving.retain(|t| !tickets.contains(t));
+    }
+
     /// Gives a running call's turn back; the waiters it frees a turn for.
-    pub fn release(
-        &self,
-        mut permit: Permit,
-        now: i64,
-        alive: impl Fn(&W) -> bool,
-    ) -> Vec<Wake<W>> {
+    pub fn release(&self, permit: Permit, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+        drop(permit);
         let mut state = self.lock();
-        state.done(&mut permit);
         state.running = state.running.saturating_sub(1);
         state.fill(now, alive)
     }
@@ -288,6 +293,7 @@ impl<W> Gate<W> {
             running: state.running,
             granted: state.granted.len(),
             waiting: state.queue.len(),
+            served: state.served,
         }
     }
 }
@@ -296,13 +302,6 @@ impl<W> State<W> {
     fn next_id(&mut self) -> u64 {
         self.last_id += 1;
         self.last_id
-    }
-
-    /// The waiter's call a permit ran is over.
-    fn done(&mut self, permit: &mut Permit) {
-        if let Some(ticket) = permit.serving.take() {
-            self.serving.retain(|t| *t != ticket);
-        }
     }
 
     fn free(&self) -> usize {
@@ -393,7 +392,8 @@ mod tests {
                 capacity: 2,
                 running: 2,
                 granted: 0,
-                waiting: 2
+                waiting: 2,
+                served: 0
             }
         );
 
@@ -482,7 +482,7 @@ mod tests {
     #[test]
     fn a_running_call_runs_the_waiters_calls_in_its_turn_first_come_first_served() {
         let gate = gate(1);
-        let mut a = run(&gate, go(&gate, 0, "a"), 0);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
         let b = wait(&gate, 0, "b");
         wait(&gate, 0, "dead");
         assert!(matches!(
@@ -492,36 +492,41 @@ mod tests {
         let d = wait(&gate, 0, "d");
         // "late" gave itself 10 ns: at 20 ns it is skipped.
         let now = 20;
-        assert_eq!(gate.serve(&mut a, now, |w| *w != "dead"), Some((b, "b")));
-        // While b's call runs, b is told so, and stays told so.
+        assert_eq!(gate.serve(&a, now, |w| *w != "dead"), Some((b, "b")));
+        // While b's call runs, and until its answer is sent, b is told so.
         assert_eq!(gate.leave(b, now, anyone), (Left::Served, vec![]));
+        assert_eq!(gate.serve(&a, now, |w| *w != "dead"), Some((d, "d")));
         assert_eq!(gate.leave(b, now, anyone).0, Left::Served);
-        assert_eq!(gate.serve(&mut a, now, |w| *w != "dead"), Some((d, "d")));
-        // b's answer was sent before serving d: b is no longer served.
+        gate.answered(&[b]);
         assert_eq!(gate.leave(b, now, anyone).0, Left::Out);
-        assert_eq!(gate.serve(&mut a, now, anyone), None);
-        assert_eq!(gate.leave(d, now, anyone).0, Left::Out);
+        assert_eq!(gate.leave(d, now, anyone).0, Left::Served);
+        assert_eq!(gate.serve(&a, now, anyone), None);
         assert_eq!(
             gate.counts(),
             Counts {
                 capacity: 1,
                 running: 1,
+                served: 2,
                 ..Counts::default()
             }
         );
         assert!(gate.release(a, now, anyone).is_empty());
         assert_eq!(gate.counts().running, 0);
+        gate.answered(&[d]);
+        assert_eq!(gate.leave(d, now, anyone).0, Left::Out);
     }
 
     #[test]
-    fn a_release_ends_the_call_being_served() {
+    fn a_served_call_stays_served_after_the_release_until_its_answer_is_sent() {
         let gate = gate(1);
-        let mut a = run(&gate, go(&gate, 0, "a"), 0);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
         let b = wait(&gate, 0, "b");
         let c = wait(&gate, 0, "c");
-        assert_eq!(gate.serve(&mut a, 1, anyone), Some((b, "b")));
+        assert_eq!(gate.serve(&a, 1, anyone), Some((b, "b")));
         let wakes = gate.release(a, 1, anyone);
-        assert_eq!(gate.leave(b, 1, anyone).0, Left::Out);
         assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [c]);
+        assert_eq!(gate.leave(b, 1, anyone).0, Left::Served);
+        gate.answered(&[b]);
+        assert_eq!(gate.leave(b, 1, anyone).0, Left::Out);
     }
 }

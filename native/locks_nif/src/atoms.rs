@@ -21,6 +21,7 @@ rustler::atoms! {
     turn,
     done,
     raise,
+    deliver,
     // acquire/4 and acquire_user/4 refusals
     conversation_busy,
     turn_in_flight,

@@ -12,7 +12,15 @@
 //!   turn ran this job too ([`Call::serve`]), up to [`SERVE_AT_MOST`] of
 //!   them after its own, as long as each got an answer: the turn goes from
 //!   job to job on the same dirty thread, and its connection is never idle
-//!   waiting for a woken process to be scheduled;
+//!   waiting for a woken process to be scheduled. The answers are kept here
+//!   and sent by [`deliver`], on a normal scheduler: by the call that ran
+//!   them as soon as it is back there (`run/4` tells it to, and it calls
+//!   `deliver/0`), or else by the next `admit/3` or `leave/2` of any caller
+//!   (if its process was killed meanwhile). Not from the dirty thread: a
+//!   message allocated there comes from the VM's allocator instance for
+//!   threads that are not schedulers, and the normal scheduler that frees
+//!   it must wake the VM's aux thread to hand the memory back, which cost
+//!   more than a tenth of the calls made at 50 callers;
 //! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`.
 //!
 //! At its checkout deadline it gives up with `leave/2`, which takes it out
@@ -28,7 +36,7 @@
 //! the start of the call's one deadline (`locks_core::Deadline`), wherever
 //! its job runs. No wall clock is involved, so a clock step changes nothing.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use locks_core::admission::{Admission, Gate, Left, Permit, Wake};
@@ -52,6 +60,56 @@ pub struct Waiter {
 
 /// The turns of this VM; its capacity is the installed pool's size.
 pub static GATE: Gate<Waiter> = Gate::new();
+
+/// The answer of a job run in another call's turn, until it is sent.
+struct Answered {
+    pid: LocalPid,
+    ticket: u64,
+    answer: locks_core::Result<Answer>,
+}
+
+/// The answers [`Call::serve`] got and [`deliver`] has not sent yet.
+static ANSWERED: Mutex<Vec<Answered>> = Mutex::new(Vec::new());
+
+fn answered() -> std::sync::MutexGuard<'static, Vec<Answered>> {
+    ANSWERED
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Sends every answer kept by [`Call::serve`] to its caller, then tells the
+/// gate: a caller that gives up after this finds its answer in its mailbox.
+/// On a normal scheduler only (see the module doc).
+fn send_answers(env: Env<'_>) {
+    let answers = std::mem::take(&mut *answered());
+    if answers.is_empty() {
+        return;
+    }
+    let mut tickets = Vec::with_capacity(answers.len());
+    for Answered {
+        pid,
+        ticket,
+        answer,
+    } in answers
+    {
+        let reply = match answer {
+            Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
+            Err(err) => (atoms::raise(), exception(err)).encode(env),
+        };
+        // A waiter that died meanwhile does not need its answer.
+        let _ = env.send(&pid, (atoms::phoenix_kit_agent_locks(), ticket, reply));
+        tickets.push(ticket);
+    }
+    GATE.answered(&tickets);
+}
+
+/// Sends the answers of the jobs run in other calls' turns: what a call
+/// does when `run/4` answers `{:phoenix_kit_agent_locks, :deliver, answer}`.
+#[rustler::nif]
+fn deliver(env: Env<'_>) -> rustler::Atom {
+    send_answers(env);
+    atoms::ok()
+}
 
 /// The Erlang monotonic clock, in nanoseconds.
 #[allow(unsafe_code)]
@@ -99,6 +157,7 @@ pub fn alive(env: Env<'_>) -> impl Fn(&Waiter) -> bool + '_ {
 /// are a bad argument here.
 #[rustler::nif]
 fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
+    send_answers(env);
     let pool = global::current().map_err(raise)?;
     let checkout = pool.settings().checkout_timeout;
     let expires = start.saturating_add(nanos(checkout));
@@ -128,6 +187,7 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
 /// within its deadline (plus a second).
 #[rustler::nif]
 fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
+    send_answers(env);
     let now = now_ns();
     let (left, wakes) = GATE.leave(ticket, now, alive(env));
     wake(env, wakes);
@@ -147,7 +207,9 @@ fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
 }
 
 /// Runs the call of `function` with `args`, stamped `start`, in the turn
-/// `token`; then, in the same turn, the jobs of the first waiters.
+/// `token`; then, in the same turn, the jobs of the first waiters. Its
+/// answer, or `{:phoenix_kit_agent_locks, :deliver, answer}` when it ran
+/// other jobs, whose answers `deliver/0` then sends.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
@@ -156,12 +218,13 @@ fn run<'a>(
     function: Term<'a>,
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let mut call = Call::enter(env, token, start)?;
-    let answer = call.run(&job(function, args)?).map_err(raise);
-    if answer.is_ok() {
-        call.serve();
+    let call = Call::enter(env, token, start)?;
+    let answer = encode(env, &call.run(&job(function, args)?).map_err(raise)?);
+    if call.serve() == 0 {
+        Ok(answer)
+    } else {
+        Ok((atoms::phoenix_kit_agent_locks(), atoms::deliver(), answer).encode(env))
     }
-    answer.map(|answer| encode(env, &answer))
 }
 
 /// What the gate and the pool hold right now, for `status/0`.
@@ -171,6 +234,7 @@ struct Status {
     capacity: usize,
     running: usize,
     waiting: usize,
+    served: u64,
     connections: usize,
     idle: usize,
 }
@@ -185,6 +249,7 @@ fn status() -> NifResult<Status> {
         capacity: counts.capacity,
         running: counts.running + counts.granted,
         waiting: counts.waiting,
+        served: counts.served,
         connections,
         idle,
     })
@@ -243,35 +308,32 @@ impl<'a> Call<'a> {
     }
 
     /// Runs the jobs of the first waiters in this turn, each within its own
-    /// deadline and this call's, and sends each its answer; stops after
-    /// [`SERVE_AT_MOST`], when nobody waits, or at the first job that got no
-    /// answer (the database may be in trouble: the rest wait for their own
-    /// turns, within their own deadlines).
-    pub fn serve(&mut self) {
+    /// deadline and this call's, and keeps each answer for [`deliver`];
+    /// stops after [`SERVE_AT_MOST`], when nobody waits, or at the first job
+    /// that got no answer (the database may be in trouble: the rest wait for
+    /// their own turns, within their own deadlines). How many it ran.
+    pub fn serve(&self) -> usize {
         let env = self.slot.env;
-        for _ in 0..SERVE_AT_MOST {
-            let Some(permit) = self.slot.permit.as_mut() else {
-                return;
-            };
+        let Some(permit) = self.slot.permit.as_ref() else {
+            return 0;
+        };
+        for served in 0..SERVE_AT_MOST {
             let now = now_ns();
             let Some((ticket, waiter)) = GATE.serve(permit, now, alive(env)) else {
-                return;
+                return served;
             };
             let deadline = deadline(waiter.start, now, self.pool.settings()).min(self.deadline);
             let answer = global::block_on(self.pool.run(deadline, &waiter.job)).and_then(|a| a);
-            let answered = answer.is_ok();
-            let reply = match answer {
-                Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
-                Err(err) => (atoms::raise(), exception(err)).encode(env),
-            };
-            // A waiter that died meanwhile does not need its answer.
-            let _ = env.send(
-                &waiter.pid,
-                (atoms::phoenix_kit_agent_locks(), ticket, reply),
-            );
-            if !answered {
-                return;
+            let failed = answer.is_err();
+            answered().push(Answered {
+                pid: waiter.pid,
+                ticket,
+                answer,
+            });
+            if failed {
+                return served + 1;
             }
         }
+        SERVE_AT_MOST
     }
 }

@@ -69,6 +69,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def admit(_start, _function, _args), do: not_loaded()
   def run(_token, _start, _function, _args), do: not_loaded()
   def leave(_ticket, _start), do: not_loaded()
+  def deliver, do: not_loaded()
   def status, do: not_loaded()
 
   # Schema

@@ -2,7 +2,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   # The admission gate's queue, with a pool of one connection in a child
   # node: the first call waits for a row another session holds, and the
   # next ones queue behind it (native/locks_nif/src/call.rs). When it ends,
-  # it runs their jobs in its own turn, in order, before it returns.
+  # it runs their jobs in its own turn, in order, and its caller sends their
+  # answers; if that caller was killed meanwhile, the answers are sent all
+  # the same.
   use ExUnit.Case, async: true
 
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
@@ -35,7 +37,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   end
 
   test "queued calls run in the turn of the call before them, in order, each answering " <>
-         "its documented term before that call returns",
+         "its documented term",
        %{chats: [x, y | _]} do
     node = node!(checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
@@ -60,10 +62,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     # refused at once, and takes no place in the queue.
     assert {:raised, %ArgumentError{}} = Node.call(node, Queue, :admit, [:held?, [:bad]])
     assert {:raised, %ArgumentError{}} = Node.call(node, Queue, :admit, [:nope, []])
-    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool.waiting == 7
+
+    assert %{waiting: 7, served: 0} =
+             Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
 
     Psql.query!(blocker, "COMMIT")
-    [{first, first_ended} | queued] = Node.call(node, Queue, :answers, [length(calls)])
+    [{first, _} | queued] = Node.call(node, Queue, :answers, [length(calls)])
 
     assert first == {:ok, :ok}
 
@@ -77,7 +81,40 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
              {:ok, false}
            ]
 
-    for {_answer, ended} <- queued, do: assert(ended < first_ended)
+    # Seven in the first call's turn (at most 8: SERVE_AT_MOST), none waited
+    # for a turn of its own.
+    assert %{waiting: 0, served: 7} =
+             Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
+  end
+
+  test "the answers of queued calls are not lost when the call that runs them is killed",
+       %{chats: [x, y | _]} do
+    node = node!(checkout_timeout: 1_000)
+    [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
+    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :held?, [x, ua, "warm"]) == false
+    blocker = hold_row!(x)
+
+    calls = [
+      {:acquire, [x, ua, "a", 60]},
+      {:acquire, [y, ub, "b", 60]},
+      {:acquire, [y, uc, "c", 60]}
+    ]
+
+    started = System.monotonic_time(:millisecond)
+    :ok = Node.call(node, Queue, :start, [calls])
+    # The first call's process dies; its dirty-scheduler call runs on.
+    :ok = Node.call(node, Queue, :kill_first, [])
+    Psql.query!(blocker, "COMMIT")
+    answers = Node.call(node, Queue, :answers, [3])
+    elapsed = System.monotonic_time(:millisecond) - started
+
+    assert Enum.map(answers, &elem(&1, 0)) ==
+             [:killed, {:ok, :ok}, {:ok, {:error, :conversation_busy}}]
+
+    # b and c ran in a's turn: served, at their checkout deadline at the latest.
+    assert %{served: 2} = Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
+    assert elapsed < 1_000 + 1_000, "#{elapsed} ms"
+    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :held?, [x, ua, "a"]) == true
   end
 
   test "a queued job that fails raises in its own caller; the call that ran it stops " <>
@@ -100,14 +137,15 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     started = System.monotonic_time(:millisecond)
     :ok = Node.call(node, Queue, :start, [calls])
     Psql.query!(blocker, "COMMIT")
-    [{a, a_ended}, {b, b_ended}, {c, _}] = Node.call(node, Queue, :answers, [3])
+    [{a, _}, {b, _}, {c, _}] = Node.call(node, Queue, :answers, [3])
     elapsed = System.monotonic_time(:millisecond) - started
 
     assert a == {:ok, :ok}
     assert {:raised, %Error{reason: :timeout}} = b
     assert {:raised, %Error{reason: :pool_timeout}} = c
-    assert b_ended <= a_ended
     assert elapsed < 3_000 + 1_000, "#{elapsed} ms"
+    # b ran in a's turn; c never ran.
+    assert %{served: 1} = Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
 
     # c's job never ran, and the pool carries on. (Whether b's statement
     # still runs once the row is free depends on when its cancel request
