@@ -1,14 +1,50 @@
 defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   @moduledoc false
-  # Direct SQL for the tests, through `psql` (hex is unreachable, so there is
-  # no Postgrex): inserting rows, reading them back, and making a lock stale
-  # by backdating its `busy_since` instead of sleeping through a TTL.
+  # The tests' one database helper: SQL straight to PostgreSQL through psql
+  # (hex is unreachable, so there is no Postgrex). Rows are made, read and
+  # backdated here (a lock is made stale by moving its `busy_since` back,
+  # never by sleeping through a TTL).
+  #
+  # `query!/1` runs on one long-lived psql session (TestDB.Psql) shared by
+  # the whole run: a new psql per statement costs some 30 ms of process
+  # start and authentication. `query!/2` runs on a session of the caller's
+  # own (`session!/0`, for a transaction that must stay open across calls)
+  # or, given a URL, on a one-off psql for another database or cluster.
+
+  alias PhoenixKitAgent.Turns.Locks.TestDB.Session
 
   @doc "The URL the tests run against."
   def url, do: System.fetch_env!("DATABASE_URL")
 
-  @doc "Runs `sql` and returns its rows as lists of strings (NULL is nil)."
-  def query!(sql, url \\ url()) do
+  @doc """
+  Runs `sql` (one or more statements): on the shared session, on `where`
+  when it is a session from `session!/0`, or on a one-off psql when it is a
+  URL. The rows of the last statement as lists of strings (NULL is nil).
+  """
+  def query!(sql, where \\ Session.shared())
+  def query!(sql, url) when is_binary(url), do: once!(sql, url)
+  def query!(sql, session) when is_pid(session), do: Session.query!(session, sql)
+
+  @doc "One value of the first row `query!/2` answers, or nil."
+  def value!(sql, where \\ Session.shared()) do
+    case query!(sql, where) do
+      [[value | _] | _] -> value
+      [] -> nil
+    end
+  end
+
+  @doc """
+  A psql session on `url` of the calling process alone (linked to it), for
+  a transaction that must stay open across calls, or for a database other
+  than the tests' own; it ends with the process or with `close/1`, and an
+  open transaction with it. `TimeZone` is UTC (TestDB.Psql).
+  """
+  def session!(url \\ url()), do: Session.open!(url)
+
+  @doc "Ends a session from `session!/0`."
+  defdelegate close(session), to: Session
+
+  defp once!(sql, url) do
     args = [
       "-X",
       "-q",
@@ -118,37 +154,182 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   def insert_chat!, do: hd(insert_chats!(1))
 
   @doc """
-  The lock columns of a chat (`:chat`) or user settings (`:user`) row:
-  `{busy_turn_ref, age_in_whole_seconds}` by the database's clock, or `nil`
-  when there is no row.
+  The lock of a chat (`:chat`) or user settings (`:user`) row:
+  `{busy_turn_ref, whole_seconds_old}` by the database's clock, `{nil, nil}`
+  when free, `nil` when there is no row.
   """
   def lock(kind, id) do
-    {table, key} = table(kind)
-
-    case query!("""
-         SELECT busy_turn_ref, floor(extract(epoch FROM now() - busy_since))::int
-         FROM #{table} WHERE #{key} = '#{id}'
-         """) do
-      [] -> nil
-      [[ref, age]] -> {ref, age && String.to_integer(age)}
-    end
+    [{^kind, lock}] = locks([{kind, id}])
+    lock
   end
 
   @doc """
-  Makes a lock look `seconds` older than it is, as if its node had gone down
-  that long ago: the TTL passes without the test sleeping through it.
+  The lock of each row as `lock/2` reports it, read in one statement. Takes
+  and returns a keyword list keyed `:chat` / `:user`, so an assertion reads
+  like the state it expects:
+
+      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: nil]
   """
-  def backdate!(kind, id, seconds) do
-    {table, key} = table(kind)
+  def locks(ids) do
+    ids
+    |> read()
+    |> Enum.map(fn
+      {kind, nil} -> {kind, nil}
+      {kind, %{ref: ref, age: age}} -> {kind, {ref, age}}
+    end)
+  end
+
+  @doc """
+  Every column a lock call could change, exactly, for each row: `:ref`,
+  `:since` (`busy_since` as epoch seconds with microseconds) and `:xmin` (the
+  transaction that wrote the row's current version: it changes on any write,
+  even one that writes the same values back). `nil` when there is no row.
+  Compare two snapshots to prove a call changed nothing; nothing in them
+  depends on when they were read.
+  """
+  def rows(ids) do
+    ids
+    |> read()
+    |> Enum.map(fn {kind, row} -> {kind, row && Map.delete(row, :age)} end)
+  end
+
+  # Both of the above, and the age in whole seconds by the database's clock,
+  # in one statement.
+  defp read(ids) do
+    selects =
+      ids
+      |> Enum.with_index()
+      |> Enum.map_join("\nUNION ALL\n", fn {{kind, id}, i} ->
+        {table, key} = table(kind)
+
+        """
+        SELECT #{i}, r.#{key} IS NOT NULL, r.busy_turn_ref,
+               extract(epoch FROM r.busy_since)::text,
+               floor(extract(epoch FROM now() - r.busy_since))::int,
+               r.xmin::text
+        FROM (SELECT 1) AS one LEFT JOIN #{table} r ON r.#{key} = '#{id}'
+        """
+      end)
+
+    found =
+      (selects <> "\nORDER BY 1")
+      |> query!()
+      |> Enum.map(fn
+        [_, "f" | _] -> nil
+        [_, "t", ref, since, age, xmin] -> %{ref: ref, since: since, age: int(age), xmin: xmin}
+      end)
+
+    Enum.zip_with(ids, found, fn {kind, _id}, row -> {kind, row} end)
+  end
+
+  defp int(nil), do: nil
+  defp int(text), do: String.to_integer(text)
+
+  @doc """
+  Makes the locks of the given rows (as `locks/1` takes them) look `seconds`
+  older than they are, in one statement (on `where`, as `query!/2` takes it), as if their node had gone down that
+  long ago: the TTL passes without the test sleeping through it.
+  """
+  def backdate!(ids, seconds, where \\ Session.shared()) when is_integer(seconds) do
+    ids
+    |> Enum.map_join(";\n", fn {kind, id} ->
+      {table, key} = table(kind)
+
+      "UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second' " <>
+        "WHERE #{key} = '#{id}'"
+    end)
+    |> query!(where)
+
+    :ok
+  end
+
+  @doc """
+  Creates the settings row of `user` as a host app would have it: no lock,
+  and an `updated_at` (and `inserted_at`) far in the past, given as an
+  ISO 8601 timestamp with its offset.
+  """
+  def insert_settings!(user, updated_at) do
+    # An Ecto-made table's uuid key has no default: Ecto generates it.
+    {key, value} = if tables() == :ecto, do: {"uuid, ", "gen_random_uuid(), "}, else: {"", ""}
 
     query!("""
-    UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second'
-    WHERE #{key} = '#{id}'
+    INSERT INTO phoenix_kit_agent_user_settings (#{key}user_uuid, inserted_at, updated_at)
+    VALUES (#{value}'#{user}', '#{updated_at}', '#{updated_at}')
     """)
 
     :ok
   end
 
-  defp table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
-  defp table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
+  @doc "`updated_at` of the settings row of `user`, in UTC, ISO 8601 with microseconds."
+  def updated_at(user) do
+    [[at]] =
+      query!("""
+      SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
+      FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
+      """)
+
+    at
+  end
+
+  @doc "The number of settings rows of `user` (0 or 1)."
+  def settings_rows(user) do
+    [[n]] =
+      query!("SELECT count(*) FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'")
+
+    String.to_integer(n)
+  end
+
+  @doc "The table and key column of a chat (`:chat`) or user settings (`:user`) row."
+  def table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
+  def table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
+end
+
+defmodule PhoenixKitAgent.Turns.Locks.TestDB.Session do
+  @moduledoc false
+  # A psql session (TestDB.Psql) owned by a process of its own: the shared
+  # one is started by the first query (unlinked, so it outlives the test that
+  # started it) and ends with the VM; `open!/0` makes one linked to its
+  # caller. Statements are serialized through the process; each takes well
+  # under a millisecond.
+
+  use GenServer
+
+  alias PhoenixKitAgent.Turns.Locks.TestDB.Psql
+  alias PhoenixKitAgent.Turns.Locks.TestDB
+
+  def query!(session, sql) do
+    case GenServer.call(session, {:query, sql}, 30_000) do
+      {:ok, rows} -> rows
+      {:error, message} -> raise "psql failed: #{message}"
+    end
+  end
+
+  def open!(url) do
+    {:ok, pid} = GenServer.start_link(__MODULE__, url)
+    pid
+  end
+
+  def close(session), do: GenServer.stop(session)
+
+  def shared do
+    case GenServer.start(__MODULE__, TestDB.url(), name: __MODULE__) do
+      {:ok, pid} -> pid
+      {:error, {:already_started, pid}} -> pid
+    end
+  end
+
+  @impl true
+  def init(url), do: {:ok, Psql.open!(url)}
+
+  # A failed statement is the caller's error, not the end of the session
+  # every other test shares.
+  @impl true
+  def handle_call({:query, sql}, _from, psql) do
+    {:reply, {:ok, Psql.query!(psql, sql)}, psql}
+  rescue
+    e in RuntimeError -> {:reply, {:error, e.message}, psql}
+  end
+
+  @impl true
+  def terminate(_reason, psql), do: Psql.close(psql)
 end

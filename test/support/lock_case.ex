@@ -1,50 +1,39 @@
 defmodule PhoenixKitAgent.Turns.LockCase do
   @moduledoc false
-  # The case template of the lock tests.
+  # The case template of the lock tests: the rows are TestDB's (imported),
+  # the assertions and set-ups are here.
   #
   # Every test makes its own rows (fresh uuids, fresh refs), so tests can run
-  # `async: true` against the one shared database. Rows are read and changed
-  # with SQL through one long-lived psql session (LockCase.SQL below): a new
-  # psql per statement, as TestDB.query!/1 runs, costs some 30 ms of process
-  # start and authentication, which made the suite ten times slower. The
-  # helpers mean the same as TestDB's (`lock/2` answers what `TestDB.lock/2`
-  # answers) and read or backdate several rows in one statement.
+  # `async: true` against the one shared database.
 
   use ExUnit.CaseTemplate
 
-  alias PhoenixKitAgent.Turns.LockCase.SQL
   alias PhoenixKitAgent.Turns.Locks
-  alias PhoenixKitAgent.Turns.Locks.{Native, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.TestDB
+
+  import TestDB,
+    only: [insert_chats!: 1, locks: 1, backdate!: 2, query!: 1, query!: 2, table: 1]
 
   using do
     quote do
       alias PhoenixKitAgent.Turns.Locks
       alias PhoenixKitAgent.Turns.Locks.{Native, TestDB}
+
+      import TestDB,
+        only: [
+          insert_chat!: 0,
+          insert_chats!: 1,
+          lock: 2,
+          locks: 1,
+          rows: 1,
+          backdate!: 2,
+          insert_settings!: 2,
+          updated_at: 1,
+          settings_rows: 1
+        ]
+
       import PhoenixKitAgent.Turns.LockCase
     end
-  end
-
-  @doc "Runs `sql` on the shared psql session; its rows as lists of strings (NULL is nil)."
-  defdelegate sql!(sql), to: SQL, as: :query!
-
-  @doc "Inserts `n` new chats (rows of `phoenix_kit_agent_conversations`) and returns their uuids."
-  def insert_chats!(n) do
-    ids = for _ <- 1..n, do: TestDB.uuid()
-    sql!(TestDB.insert_chats_sql(ids))
-    ids
-  end
-
-  @doc "Inserts one new chat and returns its uuid."
-  def insert_chat!, do: hd(insert_chats!(1))
-
-  @doc """
-  As `TestDB.lock/2`: `{busy_turn_ref, whole_seconds_old}` of a chat
-  (`:chat`) or user settings (`:user`) row by the database's clock,
-  `{nil, nil}` when free, `nil` when there is no row.
-  """
-  def lock(kind, id) do
-    [{^kind, lock}] = locks([{kind, id}])
-    lock
   end
 
   @doc """
@@ -113,66 +102,6 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   def new_user, do: TestDB.uuid()
 
   @doc """
-  The lock of each row as `lock/2` reports it (`{busy_turn_ref,
-  whole_seconds_old}`, `{nil, nil}` when free, `nil` when there is no row),
-  read in one statement. Takes and returns a keyword list keyed `:chat` /
-  `:user`, so an assertion reads like the state it expects:
-
-      assert locks(chat: chat, user: user) == [chat: {turn, 0}, user: nil]
-  """
-  def locks(ids) do
-    ids
-    |> read()
-    |> Enum.map(fn
-      {kind, nil} -> {kind, nil}
-      {kind, %{ref: ref, age: age}} -> {kind, {ref, age}}
-    end)
-  end
-
-  @doc """
-  Every column a lock call could change, exactly, for each row: `:ref`,
-  `:since` (`busy_since` as epoch seconds with microseconds) and `:xmin` (the
-  transaction that wrote the row's current version: it changes on any write,
-  even one that writes the same values back). `nil` when there is no row.
-  Compare two snapshots to prove a call changed nothing; nothing in them
-  depends on when they were read.
-  """
-  def rows(ids) do
-    ids
-    |> read()
-    |> Enum.map(fn {kind, row} -> {kind, row && Map.delete(row, :age)} end)
-  end
-
-  # Both of the above, and the age in whole seconds by the database's clock,
-  # in one statement.
-  defp read(ids) do
-    selects =
-      ids
-      |> Enum.with_index()
-      |> Enum.map_join("\nUNION ALL\n", fn {{kind, id}, i} ->
-        {table, key} = table(kind)
-
-        """
-        SELECT #{i}, r.#{key} IS NOT NULL, r.busy_turn_ref,
-               extract(epoch FROM r.busy_since)::text,
-               floor(extract(epoch FROM now() - r.busy_since))::int,
-               r.xmin::text
-        FROM (SELECT 1) AS one LEFT JOIN #{table} r ON r.#{key} = '#{id}'
-        """
-      end)
-
-    found =
-      (selects <> "\nORDER BY 1")
-      |> sql!()
-      |> Enum.map(fn
-        [_, "f" | _] -> nil
-        [_, "t", ref, since, age, xmin] -> %{ref: ref, since: since, age: int(age), xmin: xmin}
-      end)
-
-    Enum.zip_with(ids, found, fn {kind, _id}, row -> {kind, row} end)
-  end
-
-  @doc """
   Runs `fun.(i)` for i in 1..n in n processes that really overlap: a
   transaction of another session holds the row `{kind, id}` locked (FOR
   UPDATE) until every one of the n calls is waiting for that row, then ends,
@@ -197,13 +126,16 @@ defmodule PhoenixKitAgent.Turns.LockCase do
 
   defp race_at_row!({kind, id}, n, fun) do
     {table, key} = table(kind)
-    gate = SQL.open!()
+    gate = TestDB.session!()
 
     [[ctid, xid]] =
-      SQL.query!(gate, """
-      BEGIN;
-      SELECT ctid::text, pg_current_xact_id()::text FROM #{table} WHERE #{key} = '#{id}' FOR UPDATE
-      """)
+      query!(
+        """
+        BEGIN;
+        SELECT ctid::text, pg_current_xact_id()::text FROM #{table} WHERE #{key} = '#{id}' FOR UPDATE
+        """,
+        gate
+      )
 
     [page, tuple] = Regex.run(~r/\((\d+),(\d+)\)/, ctid, capture: :all_but_first)
     tasks = for i <- 1..n, do: Task.async(fn -> fun.(i) end)
@@ -218,68 +150,13 @@ defmodule PhoenixKitAgent.Turns.LockCase do
     """
 
     all_waiting? =
-      Enum.any?(1..10_000, fn _ -> sql!(waiting) |> hd() |> hd() |> String.to_integer() >= n end)
+      Enum.any?(1..10_000, fn _ -> query!(waiting) |> hd() |> hd() |> String.to_integer() >= n end)
 
-    SQL.query!(gate, "COMMIT")
-    SQL.close(gate)
+    query!("COMMIT", gate)
+    TestDB.close(gate)
     answers = Task.await_many(tasks, 30_000)
     if not all_waiting?, do: raise("the #{n} calls never all waited for the row #{kind} #{id}")
     answers
-  end
-
-  @doc """
-  Makes the locks of the given rows look `seconds` older than they are, in
-  one statement: the TTL passes without the test sleeping through it (as
-  `TestDB.backdate!/3` does for one row).
-  """
-  def backdate!(ids, seconds) when is_integer(seconds) do
-    ids
-    |> Enum.map_join(";\n", fn {kind, id} ->
-      {table, key} = table(kind)
-
-      "UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second' " <>
-        "WHERE #{key} = '#{id}'"
-    end)
-    |> sql!()
-
-    :ok
-  end
-
-  @doc """
-  Creates the settings row of `user` as a host app would have it: no lock,
-  and an `updated_at` (and `inserted_at`) far in the past, given as an
-  ISO 8601 timestamp with its offset.
-  """
-  def insert_settings!(user, updated_at) do
-    # An Ecto-made table's uuid key has no default: Ecto generates it.
-    {key, value} =
-      if TestDB.tables() == :ecto, do: {"uuid, ", "gen_random_uuid(), "}, else: {"", ""}
-
-    sql!("""
-    INSERT INTO phoenix_kit_agent_user_settings (#{key}user_uuid, inserted_at, updated_at)
-    VALUES (#{value}'#{user}', '#{updated_at}', '#{updated_at}')
-    """)
-
-    :ok
-  end
-
-  @doc "`updated_at` of the settings row of `user`, in UTC, ISO 8601 with microseconds."
-  def updated_at(user) do
-    [[at]] =
-      sql!("""
-      SELECT to_char(updated_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')
-      FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
-      """)
-
-    at
-  end
-
-  @doc "The number of settings rows of `user` (0 or 1)."
-  def settings_rows(user) do
-    [[n]] =
-      sql!("SELECT count(*) FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'")
-
-    String.to_integer(n)
   end
 
   ## Bad arguments
@@ -450,70 +327,4 @@ defmodule PhoenixKitAgent.Turns.LockCase do
 
     {args, ids}
   end
-
-  defp int(nil), do: nil
-  defp int(text), do: String.to_integer(text)
-
-  defp table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
-  defp table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
-end
-
-defmodule PhoenixKitAgent.Turns.LockCase.SQL do
-  @moduledoc false
-  # One psql session (Robust.Psql) for the whole test run, owned by this
-  # process and shared by every test. It is started by the first query
-  # (unlinked, so it outlives the test that started it) and ends with the VM.
-  # Statements are serialized through this process; each takes well under a
-  # millisecond.
-
-  use GenServer
-
-  alias PhoenixKitAgent.Turns.Locks.Robust.Psql
-  alias PhoenixKitAgent.Turns.Locks.TestDB
-
-  @doc """
-  Runs `sql` (one or more statements) on the shared session, or on `session`
-  from `open!/0`; the rows of the last as lists of strings (NULL is nil).
-  """
-  def query!(session \\ server(), sql) do
-    case GenServer.call(session, {:query, sql}, 30_000) do
-      {:ok, rows} -> rows
-      {:error, message} -> raise "psql failed: #{message}"
-    end
-  end
-
-  @doc """
-  A psql session of the calling process alone (linked to it), for a
-  transaction that must stay open across calls; it ends with the process
-  or with `close/1`, and an open transaction with it.
-  """
-  def open! do
-    {:ok, pid} = GenServer.start_link(__MODULE__, TestDB.url())
-    pid
-  end
-
-  @doc "Ends a session from `open!/0`."
-  def close(session), do: GenServer.stop(session)
-
-  defp server do
-    case GenServer.start(__MODULE__, TestDB.url(), name: __MODULE__) do
-      {:ok, pid} -> pid
-      {:error, {:already_started, pid}} -> pid
-    end
-  end
-
-  @impl true
-  def init(url), do: {:ok, Psql.open!(url)}
-
-  # A failed statement is the caller's error, not the end of the session
-  # every other test shares.
-  @impl true
-  def handle_call({:query, sql}, _from, psql) do
-    {:reply, {:ok, Psql.query!(psql, sql)}, psql}
-  rescue
-    e in RuntimeError -> {:reply, {:error, e.message}, psql}
-  end
-
-  @impl true
-  def terminate(_reason, psql), do: Psql.close(psql)
 end

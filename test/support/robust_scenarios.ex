@@ -187,13 +187,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.TestDB
-  alias PhoenixKitAgent.Turns.Locks.Robust.Psql
 
   def run(url) do
-    psql = Psql.open!(url, [{"PGTZ", "UTC"}])
+    psql = TestDB.session!(url)
     [chat, chat2, chat3, chat4] = for _ <- 1..4, do: insert_chat(psql)
     [user, user2, user3, user4, user5] = for _ <- 1..5, do: TestDB.uuid()
-    back = fn kind, id, s -> back(psql, kind, id, s) end
+    back = fn kind, id, s -> TestDB.backdate!([{kind, id}], s, psql) end
     age = fn kind, id, expected -> age(psql, kind, id, expected) end
 
     steps = [
@@ -250,10 +249,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
       {:host_wrote_a_lock_30_s_ago,
        fn ->
          # As a host would (Ecto :utc_datetime): UTC, 30 s before the DB's now.
-         Psql.query!(psql, """
-         UPDATE phoenix_kit_agent_conversations
-         SET busy_turn_ref = 'host', busy_since = now() - interval '30 s' WHERE uuid = '#{chat4}'
-         """)
+         TestDB.query!(
+           """
+           UPDATE phoenix_kit_agent_conversations
+           SET busy_turn_ref = 'host', busy_since = now() - interval '30 s' WHERE uuid = '#{chat4}'
+           """,
+           psql
+         )
 
          {Locks.fresh?(chat4, "host", 60), Locks.fresh?(chat4, "host", 20),
           Locks.acquire(chat4, user5, "t6", 60), Locks.acquire(chat4, user5, "t7", 20)}
@@ -261,50 +263,38 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
     ]
 
     outcomes = for {name, step} <- steps, do: {name, step.()}
-    Psql.close(psql)
+    TestDB.close(psql)
     %{outcomes: outcomes, node_utc_offset_s: node_utc_offset_s(), db_timezone: db_timezone(url)}
   end
 
   defp insert_chat(psql) do
     id = TestDB.uuid()
-    Psql.query!(psql, "INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES ('#{id}')")
+    TestDB.query!("INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES ('#{id}')", psql)
     id
-  end
-
-  defp table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
-  defp table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
-
-  defp back(psql, kind, id, seconds) do
-    {table, key} = table(kind)
-
-    Psql.query!(
-      psql,
-      "UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second' WHERE #{key} = '#{id}'"
-    )
   end
 
   # Whole seconds between the DB's now() and busy_since, both read as UTC
   # instants: `{:about, expected}` when within 3 s above `expected` (the
   # scenario's own run time), else the age itself.
   defp age(psql, kind, id, expected) do
-    {table, key} = table(kind)
+    {table, key} = TestDB.table(kind)
 
     age =
-      psql
-      |> Psql.value!("""
+      """
       SELECT floor(extract(epoch FROM now()) - extract(epoch FROM busy_since))::int
       FROM #{table} WHERE #{key} = '#{id}'
-      """)
+      """
+      |> TestDB.value!(psql)
       |> String.to_integer()
 
     if age in expected..(expected + 3), do: {:about, expected}, else: {:age, age}
   end
 
   defp lock(psql, kind, id) do
-    {table, key} = table(kind)
+    {table, key} = TestDB.table(kind)
 
     [row] =
-      Psql.query!(psql, "SELECT busy_turn_ref, busy_since FROM #{table} WHERE #{key} = '#{id}'")
+      TestDB.query!("SELECT busy_turn_ref, busy_since FROM #{table} WHERE #{key} = '#{id}'", psql)
 
     row
   end
@@ -314,8 +304,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
   # time zone (a shift would be hours off).
   defp stored_since(psql, call, chat, user) do
     clock = fn ->
-      psql
-      |> Psql.value!("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+      "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+      |> TestDB.value!(psql)
       |> String.to_integer()
     end
 
@@ -324,10 +314,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
     after_ = clock.()
 
     since = fn {table, key}, id ->
-      psql
-      |> Psql.value!(
-        "SELECT (extract(epoch FROM busy_since) * 1000000)::bigint FROM #{table} WHERE #{key} = '#{id}'"
-      )
+      "SELECT (extract(epoch FROM busy_since) * 1000000)::bigint FROM #{table} WHERE #{key} = '#{id}'"
+      |> TestDB.value!(psql)
       |> String.to_integer()
     end
 
@@ -337,7 +325,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Clocks do
         else: {:off_by_s, div(us - before, 1_000_000)}
     end
 
-    {answer, verdict.(since.(table(:chat), chat)), verdict.(since.(table(:user), user))}
+    {answer, verdict.(since.(TestDB.table(:chat), chat)),
+     verdict.(since.(TestDB.table(:user), user))}
   end
 
   defp node_utc_offset_s do

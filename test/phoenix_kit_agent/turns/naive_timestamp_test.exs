@@ -24,7 +24,7 @@ for {suffix, column, whole_seconds?} <- [
     @ttl 60
 
     setup_all do
-      sql!("""
+      TestDB.query!("""
       DROP SCHEMA IF EXISTS #{@schema} CASCADE;
       CREATE SCHEMA #{@schema};
       CREATE TABLE #{@schema}.phoenix_kit_agent_conversations (
@@ -34,7 +34,7 @@ for {suffix, column, whole_seconds?} <- [
         updated_at #{@column} NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'));
       """)
 
-      sql!("""
+      TestDB.query!("""
       DO $$ BEGIN
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locks_tokyo') THEN
           CREATE ROLE locks_tokyo LOGIN SUPERUSER PASSWORD 'locks-test-pw';
@@ -51,7 +51,7 @@ for {suffix, column, whole_seconds?} <- [
 
       on_exit(fn ->
         restart!(url: saved[:url], prefix: saved[:prefix])
-        sql!("DROP SCHEMA IF EXISTS #{@schema} CASCADE")
+        TestDB.query!("DROP SCHEMA IF EXISTS #{@schema} CASCADE")
       end)
     end
 
@@ -73,7 +73,11 @@ for {suffix, column, whole_seconds?} <- [
 
     defp insert_chat do
       chat = TestDB.uuid()
-      sql!("INSERT INTO #{@schema}.phoenix_kit_agent_conversations (uuid) VALUES ('#{chat}')")
+
+      TestDB.query!(
+        "INSERT INTO #{@schema}.phoenix_kit_agent_conversations (uuid) VALUES ('#{chat}')"
+      )
+
       chat
     end
 
@@ -81,7 +85,7 @@ for {suffix, column, whole_seconds?} <- [
     # session's TimeZone.
     defp lock_of(table, key, id) do
       [[ref, age]] =
-        sql!("""
+        TestDB.query!("""
         SELECT busy_turn_ref,
                floor(extract(epoch FROM (now() AT TIME ZONE 'UTC') - busy_since))::int
         FROM #{@schema}.#{table} WHERE #{key} = '#{id}'
@@ -102,7 +106,7 @@ for {suffix, column, whole_seconds?} <- [
     end
 
     defp backdate(table, key, id, seconds) do
-      sql!("""
+      TestDB.query!("""
       UPDATE #{@schema}.#{table} SET busy_since = busy_since - #{seconds} * interval '1 second'
       WHERE #{key} = '#{id}'
       """)

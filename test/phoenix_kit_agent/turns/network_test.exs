@@ -17,7 +17,6 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
   # hammered.
   use PhoenixKitAgent.Turns.LockCase, async: false
 
-  alias PhoenixKitAgent.Turns.LockCase.SQL
   alias PhoenixKitAgent.Turns.Locks.{AppEnv, Error, Proxy}
 
   @moduletag :network
@@ -72,7 +71,8 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
   # The backends of this test's pool, by pid.
   defp backends(app) do
-    for [pid] <- sql!("SELECT pid FROM pg_stat_activity WHERE application_name = '#{app}'"),
+    for [pid] <-
+          TestDB.query!("SELECT pid FROM pg_stat_activity WHERE application_name = '#{app}'"),
         do: String.to_integer(pid)
   end
 
@@ -80,26 +80,26 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
   # so whatever the proxy delivered to it has run.
   defp await_exit!(pid) do
     assert eventually(5_000, fn ->
-             sql!("SELECT count(*) FROM pg_stat_activity WHERE pid = #{pid}") == [["0"]]
+             TestDB.query!("SELECT count(*) FROM pg_stat_activity WHERE pid = #{pid}") == [["0"]]
            end)
   end
 
   # Holds the row of `chat` (FOR UPDATE) in a transaction of its own until
-  # `SQL.close/1`.
+  # `TestDB.close/1`.
   defp hold_row!(chat) do
-    holder = SQL.open!()
-    SQL.query!(holder, "BEGIN")
+    holder = TestDB.session!()
+    TestDB.query!("BEGIN", holder)
 
-    SQL.query!(
-      holder,
-      "SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE"
+    TestDB.query!(
+      "SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
+      holder
     )
 
     holder
   end
 
   defp waiting_backend(app) do
-    case sql!("""
+    case TestDB.query!("""
          SELECT pid FROM pg_stat_activity
          WHERE application_name = '#{app}' AND wait_event_type = 'Lock'
          """) do
@@ -240,7 +240,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       # Cancelled, the backend stops waiting (and ends: its client reset the
       # connection) while the row is still held.
       stopped_waiting = eventually(2_000, fn -> waiting_backend(app) == nil end)
-      SQL.close(holder)
+      TestDB.close(holder)
       await_exit!(backend)
 
       assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: nil]
@@ -283,9 +283,9 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
 
       task = Task.async(fn -> timed(fn -> Locks.acquire(chat, user, turn, 60) end) end)
       backend = eventually(2_000, fn -> waiting_backend(app) end)
-      assert sql!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
+      assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
       {ms, answer} = Task.await(task)
-      SQL.close(holder)
+      TestDB.close(holder)
 
       assert answer ==
                {:error,
@@ -373,7 +373,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     setup do
       role = "locks_network_full_#{System.unique_integer([:positive])}"
 
-      sql!("""
+      TestDB.query!("""
       CREATE ROLE #{role} LOGIN PASSWORD 'pw' CONNECTION LIMIT 0;
       GRANT SELECT ON phoenix_kit_agent_conversations, phoenix_kit_agent_user_settings TO #{role}
       """)
@@ -408,7 +408,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
                    do: e.message |> String.split(" (not retried") |> hd()
              ) == [refusal]
 
-      sql!("ALTER ROLE #{role} CONNECTION LIMIT -1")
+      TestDB.query!("ALTER ROLE #{role} CONNECTION LIMIT -1")
       assert_recovers(call)
     end
 

@@ -8,7 +8,6 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{AppEnv, TestDB, Turn}
-  alias PhoenixKitAgent.Turns.Locks.Robust.Psql
 
   # A 3-second lease: the keeper renews it every second.
   @ttl 3
@@ -139,8 +138,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     {:lost, ref} =
       Locks.with_turn(chat, user, [ttl_s: @ttl], fn turn ->
         # As if this node had stalled past its lease: another turn takes over.
-        TestDB.backdate!(:chat, chat, @ttl + 1)
-        TestDB.backdate!(:user, user, @ttl + 1)
+        TestDB.backdate!([chat: chat, user: user], @ttl + 1)
         :ok = Locks.acquire(chat, user, "successor", @ttl)
 
         assert_receive {:turn_lock_lost, ref}, 5_000
@@ -170,19 +168,19 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
         statement_timeout: 200
       )
 
-    psql = Psql.open!(TestDB.url())
+    psql = TestDB.session!(TestDB.url())
 
     assert {:ok, :kept_after_a_timeout} =
              Locks.with_turn(chat, user, [ttl_s: 6], fn turn ->
                # The user's row is held by another session: the next renewal
                # waits for it and times out.
-               Psql.query!(
-                 psql,
-                 "BEGIN; SELECT 1 FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}' FOR UPDATE"
+               TestDB.query!(
+                 "BEGIN; SELECT 1 FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}' FOR UPDATE",
+                 psql
                )
 
                assert next_keep(5_000) == {:failed, :timeout}
-               Psql.query!(psql, "ROLLBACK")
+               TestDB.query!("ROLLBACK", psql)
                # Tried again (on a new connection: the timed-out one was
                # closed) until it renews, well within the lease.
                assert Enum.find(1..5, fn _ -> next_keep(5_000) == :kept end)
@@ -190,7 +188,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
                :kept_after_a_timeout
              end)
 
-    Psql.close(psql)
+    TestDB.close(psql)
     assert free?(chat, user)
   end
 

@@ -231,7 +231,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       chats = insert_chats!(25)
       for chat <- chats, do: assert(Locks.acquire(chat, new_user(), turn_ref(), @ttl) == :ok)
 
-      assert sql!("""
+      assert TestDB.query!("""
              SELECT count(DISTINCT a.pid) > 0,
                     count(*) FILTER (WHERE a.state LIKE 'idle in transaction%'),
                     count(l.pid)

@@ -9,7 +9,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ClockTest do
   # microseconds, read in one statement.
   defp busy_since(chat, user) do
     [[c, u, now]] =
-      sql!("""
+      TestDB.query!("""
       SELECT (extract(epoch FROM c.busy_since) * 1000000)::bigint,
              (extract(epoch FROM u.busy_since) * 1000000)::bigint,
              (extract(epoch FROM now()) * 1000000)::bigint
@@ -21,7 +21,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ClockTest do
   end
 
   defp db_now_us do
-    [[now]] = sql!("SELECT (extract(epoch FROM now()) * 1000000)::bigint")
+    [[now]] = TestDB.query!("SELECT (extract(epoch FROM now()) * 1000000)::bigint")
     String.to_integer(now)
   end
 
@@ -50,7 +50,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ClockTest do
       :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, 15)
 
       [[since, now]] =
-        sql!("""
+        TestDB.query!("""
         SELECT (extract(epoch FROM busy_since) * 1000000)::bigint,
                (extract(epoch FROM now()) * 1000000)::bigint
         FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'

@@ -1,8 +1,6 @@
 defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
   use PhoenixKitAgent.Turns.LockCase, async: true
 
-  alias PhoenixKitAgent.Turns.LockCase.SQL
-
   @ttl 15
 
   # A turn that holds both locks of a new chat and user, taken `age` seconds ago.
@@ -73,13 +71,16 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       {chat, user, turn} = turn_taken(0)
       # Another session makes the lease stale and holds the row until keep/4
       # waits for it: keep/4 re-checks its predicate on the row it then gets.
-      gate = SQL.open!()
+      gate = TestDB.session!()
 
-      SQL.query!(gate, """
-      BEGIN;
-      UPDATE phoenix_kit_agent_conversations
-      SET busy_since = busy_since - #{@ttl + 1} * interval '1 second' WHERE uuid = '#{chat}'
-      """)
+      TestDB.query!(
+        """
+        BEGIN;
+        UPDATE phoenix_kit_agent_conversations
+        SET busy_since = busy_since - #{@ttl + 1} * interval '1 second' WHERE uuid = '#{chat}'
+        """,
+        gate
+      )
 
       keeping = Task.async(fn -> Locks.keep(chat, user, turn, @ttl) end)
 
@@ -89,9 +90,9 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
         AND query LIKE '%busy_since >= %' AND query LIKE '%FOR UPDATE%'
       """
 
-      assert Enum.any?(1..1_000, fn _ -> sql!(waiting) != [["0"]] end)
-      SQL.query!(gate, "COMMIT")
-      SQL.close(gate)
+      assert Enum.any?(1..1_000, fn _ -> TestDB.query!(waiting) != [["0"]] end)
+      TestDB.query!("COMMIT", gate)
+      TestDB.close(gate)
 
       assert Task.await(keeping) == false
       assert_lock(:user, user, {turn, 0})

@@ -31,7 +31,7 @@ defmodule PhoenixKitAgent.Turns.Locks.RacesTest do
         do: {"phoenix_kit_agent_conversations", "uuid"},
         else: {"phoenix_kit_agent_user_settings", "user_uuid"}
 
-    sql!("""
+    TestDB.query!("""
     SELECT #{key}::text, busy_turn_ref FROM #{table}
     WHERE #{key} = ANY('{#{Enum.join(ids, ",")}}'::uuid[])
       AND (busy_turn_ref IS NOT NULL OR busy_since IS NOT NULL)

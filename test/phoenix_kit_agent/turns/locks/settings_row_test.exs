@@ -113,11 +113,11 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
     test "is created empty: only the lock; the timestamps are the database's now, " <>
            "every other column at its default (a key without one gets a uuid)" do
       user = new_user()
-      [[before]] = sql!("SELECT now()::text")
+      [[before]] = TestDB.query!("SELECT now()::text")
       :ok = Locks.acquire(insert_chat!(), user, turn_ref(), @ttl)
 
       # A timestamp(0) rounds to the second, to either side.
-      assert sql!("""
+      assert TestDB.query!("""
              SELECT inserted_at = updated_at,
                     inserted_at >= '#{before}'::timestamptz - interval '1 second',
                     updated_at <= now() + interval '1 second'
@@ -125,7 +125,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
              """) == [["t", "t", "t"]]
 
       if TestDB.tables() == :ecto do
-        assert sql!("""
+        assert TestDB.query!("""
                SELECT uuid IS NOT NULL, settings = '{}'
                FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
                """) == [["t", "t"]]

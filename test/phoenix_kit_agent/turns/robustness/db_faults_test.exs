@@ -11,7 +11,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Psql}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg}
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
 
   @moduletag :robustness
@@ -198,11 +198,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
       [chat] = insert_chats(url, 1)
       user = TestDB.uuid()
       node = start_node(url)
-      psql = Psql.open!(url)
+      psql = TestDB.session!(url)
 
-      Psql.query!(
-        psql,
-        "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE"
+      TestDB.query!(
+        "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
+        psql
       )
 
       [{answer, ms}] = Node.call(node, Faults, :timed_many, [[{:acquire, [chat, user, "t", 60]}]])
@@ -223,7 +223,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
       # Read outside psql's transaction: within one, pg_stat_activity is the
       # same snapshot every time.
       assert :ok = Faults.until(fn -> TestDB.query!(waiting, url) == [["0"]] end, 5_000)
-      Psql.query!(psql, "ROLLBACK")
+      TestDB.query!("ROLLBACK", psql)
 
       assert TestDB.query!(
                "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'",
@@ -231,7 +231,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
              ) == [[nil]]
 
       assert Node.call(node, Locks, :acquire, [chat, user, "t", 60]) == :ok
-      Psql.close(psql)
+      TestDB.close(psql)
     end
   end
 end

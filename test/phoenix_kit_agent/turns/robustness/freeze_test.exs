@@ -18,7 +18,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Config, Error, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Psql}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg}
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.{Faults, Freeze}
 
   @moduletag :robustness
@@ -57,11 +57,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
   # the frozen calls reach the server on them instead of trying to connect.
   defp warm!(node, url, name, chat) do
     pool_size = Config.default_pool_size()
-    psql = Psql.open!(url)
+    psql = TestDB.session!(url)
 
-    Psql.query!(
-      psql,
-      "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE"
+    TestDB.query!(
+      "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
+      psql
     )
 
     calls = for _ <- 1..pool_size, do: {:acquire, [chat, TestDB.uuid(), "warm", 60]}
@@ -74,8 +74,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
     # Read outside the transaction that holds the row: within one,
     # pg_stat_activity is the same snapshot every time.
     assert :ok = Faults.until(fn -> TestDB.query!(count, url) == [["#{pool_size}"]] end, 10_000)
-    Psql.query!(psql, "ROLLBACK")
-    Psql.close(psql)
+    TestDB.query!("ROLLBACK", psql)
+    TestDB.close(psql)
     assert length(Node.await(node, waiting)) == pool_size
   end
 

@@ -8,7 +8,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.TestDB
-  alias PhoenixKitAgent.Turns.Locks.Robust.{History, Node, Psql}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{History, Node}
 
   @moduletag :robustness
 
@@ -23,8 +23,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
       schema = random_name("robust_hist_")
       chats = for _ <- 1..5, do: TestDB.uuid()
       users = for _ <- 1..5, do: TestDB.uuid()
-      psql = Psql.open!(TestDB.url())
-      Psql.query!(psql, History.setup_sql(schema, chats))
+      psql = TestDB.session!(TestDB.url())
+      TestDB.query!(History.setup_sql(schema, chats), psql)
       on_exit(fn -> TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE") end)
       %{schema: schema, chats: chats, users: users, psql: psql}
     end
@@ -38,7 +38,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
 
       workload = %{chats: chats, users: users, workers: 12, ms: 5_000, seed: 20_240_601}
       records = Node.call(node, History, :workload, [workload])
-      events = psql |> Psql.query!(History.history_sql(schema)) |> History.events()
+      events = History.history_sql(schema) |> TestDB.query!(psql) |> History.events()
 
       violations = History.check(records, events)
 
@@ -183,9 +183,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
           Task.async(fn ->
             # psql's own connection: the read and the write are two statements,
             # so without the lock two workers would read the same n.
-            psql = Psql.open!(TestDB.url())
+            psql = TestDB.session!(TestDB.url())
             busy = increment(psql, table, chat, TestDB.uuid(), w, 25, 0)
-            Psql.close(psql)
+            TestDB.close(psql)
             busy
           end)
         end
@@ -207,8 +207,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
     case Locks.acquire(chat, user, turn, 60) do
       :ok ->
         true = Locks.held?(chat, user, turn)
-        n = psql |> Psql.value!("SELECT n FROM #{table} WHERE id = 1") |> String.to_integer()
-        Psql.query!(psql, "UPDATE #{table} SET n = #{n + 1} WHERE id = 1")
+        n = "SELECT n FROM #{table} WHERE id = 1" |> TestDB.value!(psql) |> String.to_integer()
+        TestDB.query!("UPDATE #{table} SET n = #{n + 1} WHERE id = 1", psql)
         :ok = Locks.release(chat, user, turn)
         increment(psql, table, chat, user, w, left - 1, busy)
 

@@ -6,7 +6,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.MultiNodeTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.TestDB
-  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Psql, Race, Scenarios}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Race, Scenarios}
 
   @moduletag :robustness
 
@@ -90,26 +90,32 @@ defmodule PhoenixKitAgent.Turns.Robustness.MultiNodeTest do
          %{nodes: [a, b | _]} do
       chat = TestDB.insert_chat!()
       user = TestDB.uuid()
-      psql = Psql.open!(TestDB.url())
+      psql = TestDB.session!(TestDB.url())
 
       for round <- 1..200 do
         turn = "n3-#{round}"
         assert Locks.acquire(chat, user, turn, 60) == :ok
 
-        Psql.query!(psql, """
-        UPDATE phoenix_kit_agent_conversations SET busy_since = busy_since - interval '120 s' WHERE uuid = '#{chat}';
-        UPDATE phoenix_kit_agent_user_settings SET busy_since = busy_since - interval '120 s' WHERE user_uuid = '#{user}'
-        """)
+        TestDB.query!(
+          """
+          UPDATE phoenix_kit_agent_conversations SET busy_since = busy_since - interval '120 s' WHERE uuid = '#{chat}';
+          UPDATE phoenix_kit_agent_user_settings SET busy_since = busy_since - interval '120 s' WHERE user_uuid = '#{user}'
+          """,
+          psql
+        )
 
         call = {:release_stale, [chat, user, turn, 60]}
         values = [a, b] |> race_across([call, call]) |> assert_no_raise()
         assert Enum.sort(values) == [false, true], "round #{round}"
 
-        assert Psql.query!(psql, """
-               SELECT busy_turn_ref, busy_since FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'
-               UNION ALL
-               SELECT busy_turn_ref, busy_since FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
-               """) == [[nil, nil], [nil, nil]]
+        assert TestDB.query!(
+                 """
+                 SELECT busy_turn_ref, busy_since FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'
+                 UNION ALL
+                 SELECT busy_turn_ref, busy_since FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
+                 """,
+                 psql
+               ) == [[nil, nil], [nil, nil]]
       end
     end
   end
@@ -144,8 +150,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.MultiNodeTest do
       assert TestDB.lock(:chat, chat) |> elem(0) == dead
 
       # The TTL passes (the rows are backdated, nobody sleeps).
-      TestDB.backdate!(:chat, chat, 61)
-      TestDB.backdate!(:user, user, 61)
+      TestDB.backdate!([chat: chat, user: user], 61)
       refute Node.call(b, Locks, :fresh?, [chat, dead, 60])
       assert Node.call(b, Locks, :acquire, [chat, user, "b-4", 60]) == :ok
       refute Node.call(b, Locks, :held?, [chat, user, dead])

@@ -7,7 +7,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
   use ExUnit.Case, async: true
 
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Psql, Scenarios}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Scenarios}
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
 
   @moduletag :robustness
@@ -16,11 +16,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
   @checkout_timeout 200
 
   defp connections(psql, db) do
-    psql
-    |> Psql.value!("""
+    """
     SELECT count(*) FROM pg_stat_activity
     WHERE datname = '#{db}' AND application_name = 'phoenix_kit_agent_locks'
-    """)
+    """
+    |> TestDB.value!(psql)
     |> String.to_integer()
   end
 
@@ -80,14 +80,17 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
 
     release =
       Task.async(fn ->
-        blocker = Psql.open!(url)
+        blocker = TestDB.session!(url)
 
-        Psql.query!(blocker, """
-        BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{blocked}' FOR UPDATE
-        """)
+        TestDB.query!(
+          """
+          BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{blocked}' FOR UPDATE
+          """,
+          blocker
+        )
 
         send(test, :row_held)
-        Psql.query!(blocker, "SELECT pg_sleep(1.5); COMMIT")
+        TestDB.query!("SELECT pg_sleep(1.5); COMMIT", blocker)
       end)
 
     assert_receive :row_held, 10_000
@@ -101,7 +104,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
         end
       end
 
-    sampler = Psql.open!(TestDB.url())
+    sampler = TestDB.session!(TestDB.url())
     run = Task.async(fn -> Node.call(node, Faults, :timed_many, [calls]) end)
     {answers, max_connections, samples} = sample_until_done(sampler, db, run)
     Task.await(release)

@@ -8,7 +8,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   use ExUnit.Case, async: true
 
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Psql}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Node
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue
 
   @moduletag :robustness
@@ -25,13 +25,16 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     node
   end
 
-  # A session of its own holds the row of `chat` until `Psql.query!(s, "COMMIT")`.
+  # A session of its own holds the row of `chat` until `TestDB.query!("COMMIT", s)`.
   defp hold_row!(chat) do
-    session = Psql.open!(TestDB.url())
+    session = TestDB.session!(TestDB.url())
 
-    Psql.query!(session, """
-    BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE
-    """)
+    TestDB.query!(
+      """
+      BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE
+      """,
+      session
+    )
 
     session
   end
@@ -66,7 +69,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert %{waiting: 7, served: 0} =
              Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
 
-    Psql.query!(blocker, "COMMIT")
+    TestDB.query!("COMMIT", blocker)
     [{first, _} | queued] = Node.call(node, Queue, :answers, [length(calls)])
 
     assert first == {:ok, :ok}
@@ -104,7 +107,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     :ok = Node.call(node, Queue, :start, [calls])
     # The first call's process dies; its dirty-scheduler call runs on.
     :ok = Node.call(node, Queue, :kill_first, [])
-    Psql.query!(blocker, "COMMIT")
+    TestDB.query!("COMMIT", blocker)
     answers = Node.call(node, Queue, :answers, [3])
     elapsed = System.monotonic_time(:millisecond) - started
 
@@ -136,7 +139,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     started = System.monotonic_time(:millisecond)
     :ok = Node.call(node, Queue, :start, [calls])
-    Psql.query!(blocker, "COMMIT")
+    TestDB.query!("COMMIT", blocker)
     [{a, _}, {b, _}, {c, _}] = Node.call(node, Queue, :answers, [3])
     elapsed = System.monotonic_time(:millisecond) - started
 
@@ -150,7 +153,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     # c's job never ran, and the pool carries on. (Whether b's statement
     # still runs once the row is free depends on when its cancel request
     # lands: a timeout cannot recall a statement that reached the server.)
-    Psql.query!(keeper, "COMMIT")
+    TestDB.query!("COMMIT", keeper)
     locks = PhoenixKitAgent.Turns.Locks
 
     assert Node.call(node, locks, :acquire, [w, TestDB.uuid(), "d", 60]) == :ok

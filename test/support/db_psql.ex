@@ -1,10 +1,10 @@
-defmodule PhoenixKitAgent.Turns.Locks.Robust.Psql do
+defmodule PhoenixKitAgent.Turns.Locks.TestDB.Psql do
   @moduledoc false
-  # A long-lived `psql` session driven through a port: one query costs a
-  # fraction of a millisecond instead of the ~30 ms of a fresh `psql` process,
-  # which is what the robustness tests need to backdate rows inside a race,
-  # sample `pg_stat_activity` while a load runs, or increment a counter
-  # (hex is unreachable: there is no Postgrex).
+  # The transport of TestDB's sessions: a long-lived `psql` driven through a
+  # port. One query costs a fraction of a millisecond instead of the ~30 ms
+  # of a fresh `psql` process, which is what tests need to backdate rows
+  # inside a race, sample `pg_stat_activity` while a load runs, or increment
+  # a counter (hex is unreachable: there is no Postgrex). Use TestDB.
   #
   # The session belongs to the process that opened it (the port's owner).
   # Every query ends with `\echo` of a marker, so the answer is the lines
@@ -12,7 +12,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Psql do
 
   defstruct [:port, :url]
 
-  @marker "__robust_psql_end__"
+  @marker "__test_db_psql_end__"
 
   @doc "Opens a session on `url` (psql's own connection, not the library's)."
   def open!(url, env \\ []) do
@@ -72,14 +72,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Psql do
         raise "psql exited with #{status}: #{Enum.join(Enum.reverse(acc), "\n")}"
     after
       wait -> raise "psql: no answer within the deadline"
-    end
-  end
-
-  @doc "One value of the only row, or nil."
-  def value!(session, sql) do
-    case query!(session, sql) do
-      [[value | _] | _] -> value
-      [] -> nil
     end
   end
 
