@@ -90,14 +90,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
   def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    start = stamp()
-
-    run(:acquire, start, [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref),
-      ttl!(ttl_s)
-    ])
+    run(:acquire, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
   end
 
   @doc """
@@ -121,15 +114,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
   def acquire_user(user_uuid, ref, ttl_s, hold_s) do
-    start = stamp()
-    ttl_s = ttl!(ttl_s)
-
-    run(:acquire_user, start, [
-      uuid!(:user_uuid, user_uuid),
-      click_ref!(ref),
-      ttl_s,
-      hold!(hold_s, ttl_s)
-    ])
+    run(:acquire_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
   end
 
   @doc """
@@ -155,9 +140,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s) do
-    start = stamp()
-
-    run(:fresh?, start, [
+    run(:fresh?, stamp(), [
       uuid!(:conversation_uuid, conversation_uuid),
       turn_ref!(turn_ref),
       ttl!(ttl_s)
@@ -173,13 +156,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
   def held?(conversation_uuid, user_uuid, turn_ref) do
-    start = stamp()
-
-    run(:held?, start, [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref)
-    ])
+    run(:held?, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
   end
 
   @doc """
@@ -192,15 +169,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s) do
-    start = stamp()
-    ttl_s = ttl!(ttl_s)
-
-    run(:keep_user, start, [
-      uuid!(:user_uuid, user_uuid),
-      click_ref!(ref),
-      ttl_s,
-      hold!(hold_s, ttl_s)
-    ])
+    run(:keep_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
   end
 
   @doc """
@@ -212,13 +181,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
   def release(conversation_uuid, user_uuid, turn_ref) do
-    start = stamp()
-
-    run(:release, start, [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref)
-    ])
+    run(:release, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
   end
 
   @doc """
@@ -232,14 +195,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    start = stamp()
-
-    run(:release_stale, start, [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref),
-      ttl!(ttl_s)
-    ])
+    run(:release_stale, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
   end
 
   @doc """
@@ -250,8 +206,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref) do
-    start = stamp()
-    run(:release_user, start, [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
+    run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
   end
 
   @doc """
@@ -269,14 +224,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def keep(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    start = stamp()
-
-    run(:keep, start, [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref),
-      ttl!(ttl_s)
-    ])
+    run(:keep, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
   end
 
   @doc """
@@ -484,6 +432,21 @@ defmodule PhoenixKitAgent.Turns.Locks do
   #
   # Each raises ArgumentError naming the argument before anything reaches
   # the native side, which only refuses terms it cannot use (no wording).
+
+  # A turn's chat, user and ref.
+  defp turn!(conversation_uuid, user_uuid, turn_ref) do
+    [
+      uuid!(:conversation_uuid, conversation_uuid),
+      uuid!(:user_uuid, user_uuid),
+      turn_ref!(turn_ref)
+    ]
+  end
+
+  # A click's user, ref, TTL and hold (checked against the TTL).
+  defp click!(user_uuid, ref, ttl_s, hold_s) do
+    ttl_s = ttl!(ttl_s)
+    [uuid!(:user_uuid, user_uuid), click_ref!(ref), ttl_s, hold!(hold_s, ttl_s)]
+  end
 
   # A binary pattern, not a regex: this runs on every call. The native side
   # takes the uuid's 16 bytes, made as one integer: a 16-byte binary on the

@@ -45,28 +45,35 @@ pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRust
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::config("sslmode", e.to_string()))?;
+    let lenient = |chain| {
+        let verifier = Lenient {
+            provider: provider.clone(),
+            chain,
+        };
+        builder
+            .clone()
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth()
+    };
     let client =
         match (mode, roots) {
-            (SslMode::VerifyFull, Some(roots)) => {
-                builder.with_root_certificates(roots).with_no_client_auth()
-            }
+            (SslMode::VerifyFull, Some(roots)) => builder
+                .clone()
+                .with_root_certificates(roots)
+                .with_no_client_auth(),
             (SslMode::VerifyCa, Some(roots)) => {
-                let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?;
-                builder
-                    .dangerous()
-                    .with_custom_certificate_verifier(Arc::new(ChainOnly(webpki)))
-                    .with_no_client_auth()
+                let webpki =
+                    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                        .build()
+                        .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?;
+                lenient(Some(webpki))
             }
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => return Err(Error::config(
                 "ssl_ca_file",
                 "required by the verifying sslmodes: a PEM file of the CA certificates to trust",
             )),
-            (SslMode::Disable | SslMode::Prefer | SslMode::Require, _) => builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
-                .with_no_client_auth(),
+            (SslMode::Disable | SslMode::Prefer | SslMode::Require, _) => lenient(None),
         };
     Ok(MakeRustlsConnect::new(client))
 }
@@ -96,64 +103,22 @@ fn pem_cause(err: &rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// `prefer` and `require`: any certificate is accepted, but the handshake's
-/// signatures are still checked, so the session is what the certificate's
-/// key signed (TLS without authentication, as libpq does it).
+/// The verifier of the modes that let some certificates through which
+/// webpki would refuse:
+///
+/// * `prefer` and `require` (`chain: None`): any certificate, but the
+///   handshake's signatures are still checked, so the session is what the
+///   certificate's key signed (TLS without authentication, as libpq does it);
+/// * `verify-ca` (`chain: Some`): the chain must lead to a trusted CA; only a
+///   certificate that fails on its name alone is let through. webpki checks
+///   the chain before the name, so a name error means the chain was good.
 #[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
-/// `verify-ca`: the chain must lead to a trusted CA; only a certificate that
-/// fails on its name alone is let through. webpki checks the chain before
-/// the name, so a name error means the chain was good.
-#[derive(Debug)]
-struct ChainOnly(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -162,10 +127,10 @@ impl ServerCertVerifier for ChainOnly {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -179,7 +144,8 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -188,11 +154,14 @@ impl ServerCertVerifier for ChainOnly {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
