@@ -5,21 +5,23 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Freeze do
   # (file I/O from a process that has nothing to do with the locks, a probe
   # of the normal schedulers, optionally `Application.stop/1`), each timed.
 
+  alias PhoenixKitAgent.Turns.Locks.Bench.Probe
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
 
   @doc """
   Starts `calls` (`{fun, args}` of Locks) at once; `after_ms` later times an
   unrelated process's `File.read!/1` and `File.write!/2` of a small file,
   then, with `stop_app: true`, `Application.stop(:phoenix_kit_agent_locks)`.
-  Returns `%{answers: [{answer, ms}], read_ms:, write_ms:, stop_ms:, probe_us:}`
-  once every call has ended, `probe_us` being every round trip of the probe.
+  Returns `%{answers: [{answer, ms}], read_ms:, write_ms:, stop_ms:, probe:}`
+  once every call has ended, `probe` being what `Bench.Probe` measured
+  meanwhile (its `rtt`: the message round trips on the normal schedulers).
   """
   def run(calls, opts) do
     # The file exists before the calls start: only the timed read and write
     # happen while they wait.
     path = Path.join(System.tmp_dir!(), "robust_freeze_#{System.unique_integer([:positive])}")
     File.write!(path, "x")
-    probe = start_probe()
+    probe = Probe.start()
     me = self()
 
     for {{fun, args}, i} <- Enum.with_index(calls) do
@@ -54,7 +56,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Freeze do
       read_ms: read_ms,
       write_ms: write_ms,
       stop_ms: stop_ms,
-      probe_us: stop_probe(probe)
+      probe: Probe.stop(probe)
     }
   end
 
@@ -80,44 +82,4 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Freeze do
   end
 
   defp now_us, do: System.monotonic_time(:microsecond)
-
-  # The probe: every millisecond a message round trip to another process, on
-  # the normal schedulers. Its round trips, in µs, are how long any other
-  # process of the VM waited for a scheduler.
-  defp start_probe do
-    spawn(fn ->
-      echo = spawn_link(fn -> echo() end)
-      probe(echo, [])
-    end)
-  end
-
-  defp stop_probe(probe) do
-    send(probe, {:stop, self()})
-
-    receive do
-      {:probe, ^probe, samples} -> samples
-    end
-  end
-
-  defp echo do
-    receive do
-      {:ping, from} -> send(from, :pong)
-    end
-
-    echo()
-  end
-
-  defp probe(echo, samples) do
-    receive do
-      {:stop, from} -> send(from, {:probe, self(), samples})
-    after
-      1 ->
-        started = now_us()
-        send(echo, {:ping, self()})
-
-        receive do
-          :pong -> probe(echo, [now_us() - started | samples])
-        end
-    end
-  end
 end

@@ -87,8 +87,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
     result
   end
 
-  defp p99(samples), do: samples |> Enum.sort() |> Enum.at(div(length(samples) * 99, 100))
-
   test "50 callers: file I/O and the normal schedulers stay fast, every call ends in time " <>
          "with its reason, and the next call after the thaw succeeds",
        %{dir: dir, url: url, node: node, chats: chats} do
@@ -96,8 +94,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
 
     assert result.read_ms < 50, "File.read! took #{result.read_ms} ms"
     assert result.write_ms < 50, "File.write! took #{result.write_ms} ms"
-    assert length(result.probe_us) > 1_000
-    assert p99(result.probe_us) < 1_000, "probe p99 #{p99(result.probe_us)} µs"
+    assert result.probe.rtt.n > 1_000
+    assert result.probe.rtt.p99 < 1_000, "probe p99 #{result.probe.rtt.p99} µs"
 
     reasons = Enum.frequencies_by(result.answers, fn {{:raised, %Error{reason: r}}, _ms} -> r end)
     pool_size = Config.default_pool_size()
