@@ -55,6 +55,13 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     {System.monotonic_time(:millisecond) - start, answer}
   end
 
+  # Asserts that `fun`'s call raised :timeout after the call's whole budget.
+  defp assert_times_out(fun) do
+    {ms, answer} = timed(fun)
+    assert {:error, %Error{reason: :timeout, message: @timeout_message, sqlstate: nil}} = answer
+    assert ms in @call_ms..(@call_ms + @slack_ms)
+  end
+
   # Polls `fun` until it returns a truthy value, for at most `ms`; that
   # value, or the last falsy one.
   defp eventually(ms, fun), do: eventually(System.monotonic_time(:millisecond) + ms, fun, nil)
@@ -121,6 +128,16 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     :ok = Locks.release(chat, user, turn)
   end
 
+  # The app on `proxy` with `pool_size` warm connections, and a new chat,
+  # user and turn ref.
+  defp turn_through!(proxy, app, pool_size) do
+    start_app!(Proxy.url(proxy), app, pool_size)
+    [chat] = insert_chats!(1)
+    {user, turn} = {new_user(), turn_ref()}
+    warm!()
+    {chat, user, turn}
+  end
+
   defp old?(since), do: &(&1.accepted_at < since)
 
   describe "a path that goes silent for the pool's connections" do
@@ -148,9 +165,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       switched = System.monotonic_time()
       :ok = Proxy.mode(proxy, :blackhole_old)
 
-      {ms, answer} = timed(fn -> Locks.held?(chat, hd(users), "probe") end)
-      assert {:error, %Error{reason: :timeout, message: @timeout_message, sqlstate: nil}} = answer
-      assert ms in @call_ms..(@call_ms + @slack_ms)
+      assert_times_out(fn -> Locks.held?(chat, hd(users), "probe") end)
       failed = System.monotonic_time()
 
       # The next call opens a connection and answers at once: the whole
@@ -194,16 +209,11 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     test "a timed-out acquire/4, then release/3 under its ref, leave no ghost lock when " <>
            "the path returns",
          %{proxy: proxy, app: app} do
-      start_app!(Proxy.url(proxy), app, 2)
-      [chat] = insert_chats!(1)
-      {user, turn} = {new_user(), turn_ref()}
-      warm!()
+      {chat, user, turn} = turn_through!(proxy, app, 2)
       [backend] = backends(app)
 
       :ok = Proxy.mode(proxy, :blackhole_old)
-      {ms, answer} = timed(fn -> Locks.acquire(chat, user, turn, 60) end)
-      assert {:error, %Error{reason: :timeout, message: @timeout_message}} = answer
-      assert ms in @call_ms..(@call_ms + @slack_ms)
+      assert_times_out(fn -> Locks.acquire(chat, user, turn, 60) end)
 
       # The documented way out, on a new connection.
       failed = System.monotonic_time()
@@ -226,16 +236,11 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     test "a timed-out acquire/4 waiting for a row is cancelled on the server: the row's " <>
            "release does not let it run",
          %{proxy: proxy, app: app} do
-      start_app!(Proxy.url(proxy), app, 2)
-      [chat] = insert_chats!(1)
-      {user, turn} = {new_user(), turn_ref()}
-      warm!()
+      {chat, user, turn} = turn_through!(proxy, app, 2)
       [backend] = backends(app)
       holder = hold_row!(chat)
 
-      {ms, answer} = timed(fn -> Locks.acquire(chat, user, turn, 60) end)
-      assert {:error, %Error{reason: :timeout, message: @timeout_message}} = answer
-      assert ms in @call_ms..(@call_ms + @slack_ms)
+      assert_times_out(fn -> Locks.acquire(chat, user, turn, 60) end)
 
       # Cancelled, the backend stops waiting (and ends: its client reset the
       # connection) while the row is still held.
@@ -252,15 +257,10 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     test "a reply held past the deadline: :timeout, the statement ran, and release/3 " <>
            "under the same ref frees both locks",
          %{proxy: proxy, app: app} do
-      start_app!(Proxy.url(proxy), app, 2)
-      [chat] = insert_chats!(1)
-      {user, turn} = {new_user(), turn_ref()}
-      warm!()
+      {chat, user, turn} = turn_through!(proxy, app, 2)
 
       :ok = Proxy.mode(proxy, {:delay_replies, @call_ms + 2_000})
-      {ms, answer} = timed(fn -> Locks.acquire(chat, user, turn, 60) end)
-      assert {:error, %Error{reason: :timeout, message: @timeout_message}} = answer
-      assert ms in @call_ms..(@call_ms + @slack_ms)
+      assert_times_out(fn -> Locks.acquire(chat, user, turn, 60) end)
       # :timeout means "may have run": here it did.
       assert [chat: {^turn, _}, user: {^turn, _}] = locks(chat: chat, user: user)
 
@@ -275,10 +275,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     test "a backend terminated while acquire/4 waits for a row: :disconnected naming " <>
            "57P01, and the next call runs on a new connection",
          %{proxy: proxy, app: app} do
-      start_app!(Proxy.url(proxy), app, 1)
-      [chat] = insert_chats!(1)
-      {user, turn} = {new_user(), turn_ref()}
-      warm!()
+      {chat, user, turn} = turn_through!(proxy, app, 1)
       holder = hold_row!(chat)
 
       task = Task.async(fn -> timed(fn -> Locks.acquire(chat, user, turn, 60) end) end)
@@ -307,10 +304,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     test "a connection cut after acquire/4's request went through: :disconnected, and " <>
            "the lock was taken",
          %{proxy: proxy, app: app} do
-      start_app!(Proxy.url(proxy), app, 1)
-      [chat] = insert_chats!(1)
-      {user, turn} = {new_user(), turn_ref()}
-      warm!()
+      {chat, user, turn} = turn_through!(proxy, app, 1)
 
       {ms, answer} =
         cut_after_request(proxy, fn -> Locks.acquire(chat, user, turn, 60) end, fn ->
@@ -329,10 +323,7 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
     test "release_stale/4 whose answer is lost: :disconnected; called again it answers " <>
            "false and the locks are free",
          %{proxy: proxy, app: app} do
-      start_app!(Proxy.url(proxy), app, 1)
-      [chat] = insert_chats!(1)
-      {user, turn} = {new_user(), turn_ref()}
-      warm!()
+      {chat, user, turn} = turn_through!(proxy, app, 1)
       assert Locks.acquire(chat, user, turn, 60) == :ok
       backdate!([chat: chat, user: user], 61)
 
