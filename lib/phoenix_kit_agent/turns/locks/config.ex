@@ -32,16 +32,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     :application_name
   ]
 
-  @settings [:repo, :url] ++
-              @connection ++
-              [
-                :prefix,
-                :pool_size,
-                :connect_timeout,
-                :checkout_timeout,
-                :statement_timeout,
-                :prepare
-              ]
+  # The struct's fields: everything but where the settings came from.
+  @fields @connection ++
+            [
+              :prefix,
+              :pool_size,
+              :connect_timeout,
+              :checkout_timeout,
+              :statement_timeout,
+              :prepare
+            ]
+
+  @settings [:repo, :url] ++ @fields
 
   # Read by the Mix compiler when it builds the library
   # (Mix.Tasks.Compile.LocksNif.Prebuilt), not here: allowed, and ignored.
@@ -58,23 +60,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   @derive {Inspect, except: [:password]}
   @enforce_keys [:port, :username, :database, :sslmode, :application_name, :pool_size, :prepare] ++
                   @timeouts
-  defstruct [
-    :hostname,
-    :socket_dir,
-    :port,
-    :username,
-    :password,
-    :database,
-    :sslmode,
-    :ssl_ca_file,
-    :application_name,
-    :prefix,
-    :pool_size,
-    :connect_timeout,
-    :checkout_timeout,
-    :statement_timeout,
-    :prepare
-  ]
+  defstruct @fields
 
   @type t :: %__MODULE__{}
 
