@@ -13,7 +13,7 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
   # `async: false`: the compiles take both cores, and run alone.
   use ExUnit.Case, async: false
 
-  alias PhoenixKitAgent.Turns.Locks.TestDB
+  alias PhoenixKitAgent.Turns.Locks.{HostProject, TestDB}
 
   @moduletag timeout: 600_000
 
@@ -24,56 +24,20 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
     %{dir: dir, library: File.cwd!()}
   end
 
-  # The environment of a mix command run for a project other than this
-  # test's: its own build directory and env, and no DATABASE_URL.
-  defp env(extra) do
-    [
-      {"MIX_ENV", "dev"},
-      {"MIX_BUILD_ROOT", nil},
-      {"MIX_BUILD_PATH", nil},
-      {"MIX_DEPS_PATH", nil},
-      {"MIX_EXS", nil},
-      {"MIX_LOCKFILE", nil},
-      {"DATABASE_URL", nil}
-      | extra
-    ]
-  end
-
   defp mix!(dir, args, extra_env) do
-    {out, status} = System.cmd("mix", args, cd: dir, env: env(extra_env), stderr_to_stdout: true)
+    {out, status} =
+      System.cmd("mix", args, cd: dir, env: HostProject.env(extra_env), stderr_to_stdout: true)
 
     assert status == 0, "mix #{Enum.join(args, " ")} exited #{status}:\n#{out}"
     refute out =~ "warning:", "mix #{Enum.join(args, " ")} warned:\n#{out}"
     out
   end
 
-  defp write!(dir, files) do
-    for {path, text} <- files do
-      path = Path.join(dir, path)
-      File.mkdir_p!(Path.dirname(path))
-      File.write!(path, text)
-    end
-  end
-
   test "a host depending on the library by path: builds it, starts it, takes locks with its repo's connection",
        %{dir: dir, library: library} do
-    write!(dir, %{
-      "mix.exs" => """
-      defmodule HostApp.MixProject do
-        use Mix.Project
+    HostProject.write!(dir, HostProject.files(library, "host-turn"))
 
-        def project do
-          [
-            app: :host_app,
-            version: "0.1.0",
-            elixir: "~> 1.14",
-            deps: [{:phoenix_kit_agent_locks, path: #{inspect(library)}}]
-          ]
-        end
-
-        def application, do: [extra_applications: [:logger]]
-      end
-      """,
+    HostProject.write!(dir, %{
       "config/config.exs" => """
       import Config
 
@@ -98,22 +62,6 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
         # Stands in for an Ecto repo: config/0 reads what Ecto's does.
         def config, do: Application.fetch_env!(:host_app, __MODULE__)
       end
-      """,
-      "lib/host_app.ex" => """
-      defmodule HostApp do
-        alias PhoenixKitAgent.Turns.Locks
-
-        def turn([chat, user]) do
-          results = [
-            Locks.acquire(chat, user, "host-turn", 60),
-            Locks.held?(chat, user, "host-turn"),
-            Locks.release(chat, user, "host-turn"),
-            Locks.held?(chat, user, "host-turn")
-          ]
-
-          IO.puts("RESULTS " <> inspect(results))
-        end
-      end
       """
     })
 
@@ -132,8 +80,7 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
     user = TestDB.uuid()
     out = mix!(dir, ["run", "-e", "HostApp.turn(System.argv())", chat, user], db)
 
-    assert out |> String.split("\n") |> Enum.filter(&String.starts_with?(&1, "RESULTS ")) ==
-             ["RESULTS [:ok, true, :ok, false]"]
+    assert HostProject.lines(out, "RESULTS ") == ["RESULTS [:ok, true, :ok, false]"]
 
     assert TestDB.lock(:chat, chat) == {nil, nil}
     assert TestDB.lock(:user, user) == {nil, nil}
@@ -144,7 +91,7 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
     chat = TestDB.insert_chat!()
     user = TestDB.uuid()
 
-    write!(dir, %{
+    HostProject.write!(dir, %{
       "input.exs" => """
       chat = #{inspect(chat)}
       user = #{inspect(user)}
@@ -160,7 +107,11 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
     {out, status} =
       System.cmd("sh", ["-c", "iex -S mix < #{Path.join(dir, "input.exs")}"],
         cd: library,
-        env: env([{"MIX_BUILD_ROOT", Path.join(dir, "_build")}, {"DATABASE_URL", TestDB.url()}]),
+        env:
+          HostProject.env([
+            {"MIX_BUILD_ROOT", Path.join(dir, "_build")},
+            {"DATABASE_URL", TestDB.url()}
+          ]),
         stderr_to_stdout: true
       )
 

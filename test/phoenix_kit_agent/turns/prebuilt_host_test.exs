@@ -13,8 +13,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
   use ExUnit.Case, async: false
 
   alias Mix.Tasks.Compile.LocksNif.Prebuilt
-  alias PhoenixKitAgent.Turns.Locks.ArtifactServer
-  alias PhoenixKitAgent.Turns.Locks.TestDB
+  alias PhoenixKitAgent.Turns.Locks.{ArtifactServer, HostProject, TestDB}
 
   @moduletag timeout: 300_000
 
@@ -69,39 +68,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
     {url, server} = ArtifactServer.start(%{"/v#{version}/#{name}" => File.read!(tarball)})
     on_exit(fn -> ArtifactServer.stop(server) end)
 
-    write!(dir, %{
-      "host/mix.exs" => """
-      defmodule HostApp.MixProject do
-        use Mix.Project
-
-        def project do
-          [
-            app: :host_app,
-            version: "0.1.0",
-            elixir: "~> 1.14",
-            deps: [{:phoenix_kit_agent_locks, path: #{inspect(library)}}]
-          ]
-        end
-
-        def application, do: [extra_applications: [:logger]]
-      end
-      """,
-      "host/lib/host_app.ex" => """
-      defmodule HostApp do
-        alias PhoenixKitAgent.Turns.Locks
-
-        def turn([chat, user]) do
-          results = [
-            Locks.acquire(chat, user, "prebuilt-turn", 60),
-            Locks.held?(chat, user, "prebuilt-turn"),
-            Locks.release(chat, user, "prebuilt-turn")
-          ]
-
-          IO.puts("RESULTS " <> inspect(results))
-        end
-      end
-      """
-    })
+    HostProject.write!(Path.join(dir, "host"), HostProject.files(library, "prebuilt-turn"))
 
     cache = Path.join(dir, "cache")
     env = env(dir, [{"LOCKS_NIF_BASE_URL", "#{url}/v#{version}"}, {"LOCKS_NIF_CACHE_DIR", cache}])
@@ -120,11 +87,11 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
     assert status == 0, out
     refute out =~ "warning:", out
 
-    assert lines(out, "locks_nif: ") == [
+    assert HostProject.lines(out, "locks_nif: ") == [
              "locks_nif: installed #{name} from #{url}/v#{version}/#{name} (SHA-256 as listed)"
            ]
 
-    assert lines(out, "RESULTS ") == ["RESULTS [:ok, true, :ok]"]
+    assert HostProject.lines(out, "RESULTS ") == ["RESULTS [:ok, true, :ok, false]"]
     assert File.read!(Path.join(library, "priv/native/liblocks_nif.so")) == built
     assert File.read!(Path.join(cache, name)) == File.read!(tarball)
     assert_received {:artifact_request, request}
@@ -146,31 +113,16 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
     home = Path.join(dir, "home")
     File.mkdir_p!(home)
 
-    [
-      {"PATH", path},
-      {"HOME", home},
-      {"MIX_ENV", "dev"},
-      {"MIX_BUILD_ROOT", nil},
-      {"MIX_BUILD_PATH", nil},
-      {"MIX_DEPS_PATH", nil},
-      {"MIX_EXS", nil},
-      {"MIX_LOCKFILE", nil},
-      {"DATABASE_URL", TestDB.url()},
-      {"LOCKS_NIF_BUILD", nil},
-      {"LOCKS_NIF_TARGET", nil},
-      {"CARGO_TARGET_DIR", nil}
-    ] ++
-      for(name <- ~w(http_proxy HTTP_PROXY https_proxy HTTPS_PROXY), do: {name, nil}) ++ extra
-  end
-
-  defp lines(out, prefix),
-    do: out |> String.split("\n") |> Enum.filter(&String.starts_with?(&1, prefix))
-
-  defp write!(dir, files) do
-    for {path, text} <- files do
-      path = Path.join(dir, path)
-      File.mkdir_p!(Path.dirname(path))
-      File.write!(path, text)
-    end
+    HostProject.env(
+      [
+        {"PATH", path},
+        {"HOME", home},
+        {"DATABASE_URL", TestDB.url()},
+        {"LOCKS_NIF_BUILD", nil},
+        {"LOCKS_NIF_TARGET", nil},
+        {"CARGO_TARGET_DIR", nil}
+      ] ++
+        for(name <- ~w(http_proxy HTTP_PROXY https_proxy HTTPS_PROXY), do: {name, nil}) ++ extra
+    )
   end
 end
