@@ -32,10 +32,13 @@ case System.get_env("LOCKS_TEST_VIA", "direct") do
     [_, bouncer] = Regex.run(~r/LOCKS_PGBOUNCER_#{mode}_URL='([^']+)'/, out)
     in_db = fn url -> url |> URI.parse() |> Map.put(:path, "/locks_ecto") |> URI.to_string() end
 
-    TestDB.query!("DROP DATABASE IF EXISTS locks_ecto WITH (FORCE)")
-    TestDB.query!("CREATE DATABASE locks_ecto")
-    TestDB.query!("ALTER DATABASE locks_ecto SET timezone TO 'Asia/Tokyo'")
-    System.put_env("DATABASE_URL", in_db.(TestDB.url()))
+    # On one-off sessions of the `locks` database: TestDB's shared session
+    # opens at its first query, which must find DATABASE_URL naming locks_ecto.
+    admin = TestDB.url()
+    TestDB.query!("DROP DATABASE IF EXISTS locks_ecto WITH (FORCE)", admin)
+    TestDB.query!("CREATE DATABASE locks_ecto", admin)
+    TestDB.query!("ALTER DATABASE locks_ecto SET timezone TO 'Asia/Tokyo'", admin)
+    System.put_env("DATABASE_URL", in_db.(admin))
     System.put_env("LOCKS_TEST_TABLES", "ecto")
     TestDB.query!(TestDB.ecto_tables())
 
