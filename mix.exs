@@ -43,9 +43,10 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
     ]
   end
 
-  # The benchmark (bench/, `mix locks.bench`) is the project's own: compiled
-  # in :dev and :test, never in a host's release.
-  defp elixirc_paths(:test), do: ["lib", "bench", "test/support"]
-  defp elixirc_paths(:dev), do: ["lib", "bench"]
+  # The benchmark (bench/, `mix locks.bench`) and the demo (dev/, `mix
+  # locks.demo`) are the project's own: compiled in :dev and :test, never in
+  # a host's release.
+  defp elixirc_paths(:test), do: ["lib", "bench", "dev", "test/support"]
+  defp elixirc_paths(:dev), do: ["lib", "bench", "dev"]
   defp elixirc_paths(_), do: ["lib"]
 end
