@@ -15,8 +15,9 @@
 //!   waiting for a woken process to be scheduled. The answers are kept here
 //!   and sent by [`deliver`], on a normal scheduler: by the call that ran
 //!   them as soon as it is back there (`run/4` tells it to, and it calls
-//!   `deliver/0`), or else by the next `admit/3` or `leave/2` of any caller
-//!   (if its process was killed meanwhile). Not from the dirty thread: a
+//!   `deliver/0`), or else, if its process was killed meanwhile, by the next
+//!   `admit/3` or `leave/2` of any caller, at the latest by the waiter's own
+//!   `leave/2`, or its `deliver/0` when its wait for the answer ends. Not from the dirty thread: a
 //!   message allocated there comes from the VM's allocator instance for
 //!   threads that are not schedulers, and the normal scheduler that frees
 //!   it must wake the VM's aux thread to hand the memory back, which cost
@@ -24,8 +25,8 @@
 //! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`.
 //!
 //! At its checkout deadline it gives up with `leave/2`, which takes it out
-//! of the queue (`:pool_timeout`), or tells it its job is running
-//! (`{:served, wait_ms}`). The turn goes back, and the next waiter is sent
+//! of the queue (`:pool_timeout`), or tells it its job ran or is running and
+//! its answer is not sent yet (`{:served, wait_ms}`). The turn goes back, and the next waiter is sent
 //! one, when [`Call`] is dropped, whatever the call's outcome. A dirty NIF
 //! always runs to its end, even when its process is killed meanwhile, so no
 //! turn is ever lost.
@@ -75,6 +76,31 @@ fn answered() -> std::sync::MutexGuard<'static, Vec<Answered>> {
     ANSWERED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// A served job's answer, kept for [`deliver`] when dropped: also if the
+/// job never got one (a panic on the way, which rustler turns into a raise
+/// of the serving call), so that its caller is told and its ticket leaves
+/// the gate; it may have run, so it is told `:disconnected`.
+struct Kept {
+    pid: LocalPid,
+    ticket: u64,
+    answer: Option<locks_core::Result<Answer>>,
+}
+
+impl Drop for Kept {
+    fn drop(&mut self) {
+        let answer = self.answer.take().unwrap_or_else(|| {
+            Err(Error::Disconnected(
+                "the call that ran this one stopped before its answer".into(),
+            ))
+        });
+        answered().push(Answered {
+            pid: self.pid,
+            ticket: self.ticket,
+            answer,
+        });
+    }
 }
 
 /// Sends every answer kept by [`Call::serve`] to its caller, then tells the
@@ -181,10 +207,12 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
 }
 
 /// Gives up the wait of `ticket`, a call stamped `start` whose checkout
-/// deadline passed: `{:left, exception}` (`:pool_timeout`) when it was
-/// still queued or handed a turn too late, which goes back; `{:served,
-/// wait_ms}` when another call is running its job, whose answer comes
-/// within its deadline (plus a second).
+/// deadline passed, after sending every answer kept: `{:left, exception}`
+/// (`:pool_timeout`) when it was still queued or handed a turn too late,
+/// which goes back, or when its answer was sent (it is in the mailbox);
+/// `{:served, wait_ms}` when another call is running its job, or ran it and
+/// has not sent the answer yet, which comes within its deadline (plus a
+/// second).
 #[rustler::nif]
 fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
     send_answers(env);
@@ -322,14 +350,16 @@ impl<'a> Call<'a> {
             let Some((ticket, waiter)) = GATE.serve(permit, now, alive(env)) else {
                 return served;
             };
+            let mut kept = Kept {
+                pid: waiter.pid,
+                ticket,
+                answer: None,
+            };
             let deadline = deadline(waiter.start, now, self.pool.settings()).min(self.deadline);
             let answer = global::block_on(self.pool.run(deadline, &waiter.job)).and_then(|a| a);
             let failed = answer.is_err();
-            answered().push(Answered {
-                pid: waiter.pid,
-                ticket,
-                answer,
-            });
+            kept.answer = Some(answer);
+            drop(kept);
             if failed {
                 return served + 1;
             }
