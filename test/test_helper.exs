@@ -40,7 +40,7 @@ case System.get_env("LOCKS_TEST_VIA", "direct") do
     TestDB.query!("ALTER DATABASE locks_ecto SET timezone TO 'Asia/Tokyo'", admin)
     System.put_env("DATABASE_URL", in_db.(admin))
     System.put_env("LOCKS_TEST_TABLES", "ecto")
-    TestDB.query!(TestDB.ecto_tables())
+    TestDB.query!(TestDB.ecto_tables(), TestDB.url())
 
     Application.put_env(app, :url, in_db.(bouncer))
     Application.put_env(app, :prepare, if(mode == "TRANSACTION", do: :unnamed, else: :named))

@@ -8,7 +8,7 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   # `query!/1` runs on one long-lived psql session (TestDB.Psql) shared by
   # the whole run: a new psql per statement costs some 30 ms of process
   # start and authentication. `query!/2` runs on a session of the caller's
-  # own (`session!/0`, for a transaction that must stay open across calls)
+  # own (`session!/1`, for a transaction that must stay open across calls)
   # or, given a URL, on a one-off psql for another database or cluster.
 
   alias PhoenixKitAgent.Turns.Locks.TestDB.Session
@@ -18,8 +18,14 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
 
   @doc """
   Runs `sql` (one or more statements): on the shared session, on `where`
-  when it is a session from `session!/0`, or on a one-off psql when it is a
-  URL. The rows of the last statement as lists of strings (NULL is nil).
+  when it is a session from `session!/1`, or on a one-off psql when it is a
+  URL. The rows the statements returned, as lists of strings (NULL is nil).
+
+  On a session each statement is a transaction of its own, and a slow one
+  holds up every test that uses the session; a script that must run whole
+  (DDL), or a statement that may wait (creating or dropping a database or
+  schema), goes to a URL: `psql -c` sends it as one request, in one
+  transaction.
   """
   def query!(sql, where \\ Session.shared())
   def query!(sql, url) when is_binary(url), do: once!(sql, url)
@@ -227,7 +233,7 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
 
   @doc """
   Makes the locks of the given rows (as `locks/1` takes them) look `seconds`
-  older than they are, in one statement (on `where`, as `query!/2` takes it), as if their node had gone down that
+  older than they are, in one request (on `where`, as `query!/2` takes it), as if their node had gone down that
   long ago: the TTL passes without the test sleeping through it.
   """
   def backdate!(ids, seconds, where \\ Session.shared()) when is_integer(seconds) do
@@ -288,9 +294,11 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB.Session do
   @moduledoc false
   # A psql session (TestDB.Psql) owned by a process of its own: the shared
   # one is started by the first query (unlinked, so it outlives the test that
-  # started it) and ends with the VM; `open!/0` makes one linked to its
+  # started it) and ends with the VM; `open!/1` makes one linked to its
   # caller. Statements are serialized through the process; each takes well
-  # under a millisecond.
+  # under a millisecond. A session whose psql died or stopped answering is
+  # ended (the shared one starts again at the next query): what it would
+  # print later could not be told from the answer to the next statement.
 
   use GenServer
 
@@ -322,12 +330,15 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB.Session do
   def init(url), do: {:ok, Psql.open!(url)}
 
   # A failed statement is the caller's error, not the end of the session
-  # every other test shares.
+  # every other test shares; a psql that died or stopped answering is.
   @impl true
   def handle_call({:query, sql}, _from, psql) do
     {:reply, {:ok, Psql.query!(psql, sql)}, psql}
   rescue
-    e in RuntimeError -> {:reply, {:error, e.message}, psql}
+    e in RuntimeError ->
+      if Psql.broken?(e),
+        do: {:stop, :normal, {:error, e.message}, psql},
+        else: {:reply, {:error, e.message}, psql}
   end
 
   @impl true

@@ -13,6 +13,8 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB.Psql do
   defstruct [:port, :url]
 
   @marker "__test_db_psql_end__"
+  @exited "psql exited with"
+  @silent "psql: no answer within the deadline"
 
   @doc "Opens a session on `url` (psql's own connection, not the library's)."
   def open!(url, env \\ []) do
@@ -69,11 +71,19 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB.Psql do
         end
 
       {^port, {:exit_status, status}} ->
-        raise "psql exited with #{status}: #{Enum.join(Enum.reverse(acc), "\n")}"
+        raise "#{@exited} #{status}: #{Enum.join(Enum.reverse(acc), "\n")}"
     after
-      wait -> raise "psql: no answer within the deadline"
+      wait -> raise @silent
     end
   end
+
+  @doc """
+  Whether `error` (raised by `query!/3`) means the session is of no more
+  use: its psql exited, or did not answer in time (its answer may still
+  come, and would be read as the next statement's).
+  """
+  def broken?(%RuntimeError{message: message}),
+    do: String.starts_with?(message, [@exited, @silent])
 
   @doc "Ends the session."
   def close(%__MODULE__{port: port}) do

@@ -223,10 +223,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
   """
   def create_database!(name, opts \\ []) do
     db = "locks_robust_#{name}_#{System.unique_integer([:positive])}_#{:rand.uniform(1_000_000)}"
-    TestDB.query!("CREATE DATABASE #{db}")
+    TestDB.query!("CREATE DATABASE #{db}", TestDB.url())
 
     ExUnit.Callbacks.on_exit(fn ->
-      TestDB.query!("DROP DATABASE IF EXISTS #{db} WITH (FORCE)")
+      TestDB.query!("DROP DATABASE IF EXISTS #{db} WITH (FORCE)", TestDB.url())
     end)
 
     for setting <- Keyword.get(opts, :settings, []),

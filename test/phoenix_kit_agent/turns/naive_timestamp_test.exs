@@ -24,15 +24,18 @@ for {suffix, column, whole_seconds?} <- [
     @ttl 60
 
     setup_all do
-      TestDB.query!("""
-      DROP SCHEMA IF EXISTS #{@schema} CASCADE;
-      CREATE SCHEMA #{@schema};
-      CREATE TABLE #{@schema}.phoenix_kit_agent_conversations (
+      TestDB.query!(
+        """
+        DROP SCHEMA IF EXISTS #{@schema} CASCADE;
+        CREATE SCHEMA #{@schema};
+        CREATE TABLE #{@schema}.phoenix_kit_agent_conversations (
         uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text);
-      CREATE TABLE #{@schema}.phoenix_kit_agent_user_settings (
+        CREATE TABLE #{@schema}.phoenix_kit_agent_user_settings (
         user_uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text,
         updated_at #{@column} NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'));
-      """)
+        """,
+        TestDB.url()
+      )
 
       TestDB.query!("""
       DO $$ BEGIN
@@ -51,7 +54,7 @@ for {suffix, column, whole_seconds?} <- [
 
       on_exit(fn ->
         restart!(url: saved[:url], prefix: saved[:prefix])
-        TestDB.query!("DROP SCHEMA IF EXISTS #{@schema} CASCADE")
+        TestDB.query!("DROP SCHEMA IF EXISTS #{@schema} CASCADE", TestDB.url())
       end)
     end
 

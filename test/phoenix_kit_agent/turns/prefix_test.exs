@@ -16,7 +16,7 @@ defmodule PhoenixKitAgent.Turns.PrefixTest do
 
     on_exit(fn ->
       Application.delete_env(:locks_fake_host, FakeRepo)
-      TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE")
+      TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE", TestDB.url())
     end)
 
     %{schema: schema}
@@ -61,7 +61,7 @@ defmodule PhoenixKitAgent.Turns.PrefixTest do
   end
 
   test "prefix: every call works on the tables of that schema", %{schema: schema} do
-    TestDB.query!(Schema.sql(:tables, schema))
+    TestDB.query!(Schema.sql(:tables, schema), TestDB.url())
     :ok = AppEnv.restart(url: TestDB.url(), prefix: schema)
 
     {_chat, user} = turn_in!(schema)
@@ -71,7 +71,7 @@ defmodule PhoenixKitAgent.Turns.PrefixTest do
   end
 
   test "the prefix of the host's repo is taken when the library sets none", %{schema: schema} do
-    TestDB.query!(Schema.sql(:tables, schema))
+    TestDB.query!(Schema.sql(:tables, schema), TestDB.url())
     Application.put_env(:locks_fake_host, FakeRepo, url: TestDB.url(), prefix: schema)
     :ok = AppEnv.restart(repo: FakeRepo)
     turn_in!(schema)

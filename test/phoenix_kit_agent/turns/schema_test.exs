@@ -89,7 +89,7 @@ defmodule PhoenixKitAgent.Turns.SchemaTest do
   describe "the DDL on a database" do
     setup do
       schema = "locks_schema_#{System.unique_integer([:positive])}"
-      on_exit(fn -> TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE") end)
+      on_exit(fn -> TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE", TestDB.url()) end)
       %{schema: schema}
     end
 
@@ -102,7 +102,9 @@ defmodule PhoenixKitAgent.Turns.SchemaTest do
     end
 
     test "runs, and runs again, the tables and then the lock columns", %{schema: schema} do
-      for _ <- 1..2, kind <- [:tables, :lock_columns], do: TestDB.query!(Schema.sql(kind, schema))
+      for _ <- 1..2,
+          kind <- [:tables, :lock_columns],
+          do: TestDB.query!(Schema.sql(kind, schema), TestDB.url())
 
       assert columns(schema, "phoenix_kit_agent_conversations") == [
                "uuid uuid",

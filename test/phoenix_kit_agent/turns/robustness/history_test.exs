@@ -25,7 +25,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
       users = for _ <- 1..5, do: TestDB.uuid()
       psql = TestDB.session!(TestDB.url())
       TestDB.query!(History.setup_sql(schema, chats), psql)
-      on_exit(fn -> TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE") end)
+      on_exit(fn -> TestDB.query!("DROP SCHEMA IF EXISTS #{schema} CASCADE", TestDB.url()) end)
       %{schema: schema, chats: chats, users: users, psql: psql}
     end
 
