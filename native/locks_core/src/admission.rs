@@ -54,6 +54,18 @@ pub enum Admission {
     TimedOut,
 }
 
+/// What the gate needs of the callers that wait: whether one is alive, and
+/// how to hand one a turn. The gate calls both with itself locked, so a
+/// turn's message has reached its waiter before anybody (the waiter's own
+/// [`Gate::leave`] included) can see the turn handed: a waiter that leaves
+/// finds the message, if any, in its mailbox, and none comes later.
+pub trait Waiters<W> {
+    /// Whether `who` can still take a turn.
+    fn alive(&self, who: &W) -> bool;
+    /// Hands a turn to a waiter.
+    fn wake(&self, wake: Wake<W>);
+}
+
 /// A turn handed to a waiter: send it `ticket` and `token`.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Wake<W> {
@@ -162,19 +174,14 @@ impl<W> Gate<W> {
 
     /// Sets the number of turns (a new pool's size); waiters are woken if
     /// there are more now.
-    pub fn set_capacity(
-        &self,
-        capacity: usize,
-        now: i64,
-        alive: impl Fn(&W) -> bool,
-    ) -> Vec<Wake<W>> {
+    pub fn set_capacity(&self, capacity: usize, now: i64, waiters: &impl Waiters<W>) {
         let mut state = self.lock();
         state.capacity = capacity;
-        state.fill(now, alive)
+        state.fill(now, waiters);
     }
 
     /// A turn for a caller whose checkout deadline is `expires`, or its
-    /// place in the queue; and the turns this frees for earlier waiters.
+    /// place in the queue (after the turns this frees for earlier waiters).
     /// `who` is made only when the caller must wait; when it cannot be, the
     /// caller neither runs nor waits.
     pub fn admit<E>(
@@ -182,11 +189,11 @@ impl<W> Gate<W> {
         now: i64,
         expires: i64,
         who: impl FnOnce() -> Result<W, E>,
-        alive: impl Fn(&W) -> bool,
-    ) -> (Result<Admission, E>, Vec<Wake<W>>) {
+        waiters: &impl Waiters<W>,
+    ) -> Result<Admission, E> {
         let mut state = self.lock();
-        let wakes = state.fill(now, alive);
-        let admission = if expires <= now {
+        state.fill(now, waiters);
+        if expires <= now {
             Ok(Admission::TimedOut)
         } else if state.queue.is_empty() && state.free() > 0 {
             let token = state.next_id();
@@ -209,18 +216,12 @@ impl<W> Gate<W> {
                     wait_ns: expires - now,
                 }
             })
-        };
-        (admission, wakes)
+        }
     }
 
     /// Trades a turn's token for a permit to run; `None` when the turn
     /// lapsed (its deadline passed) or was given back.
-    pub fn enter(
-        &self,
-        token: u64,
-        now: i64,
-        alive: impl Fn(&W) -> bool,
-    ) -> (Option<Permit>, Vec<Wake<W>>) {
+    pub fn enter(&self, token: u64, now: i64, waiters: &impl Waiters<W>) -> Option<Permit> {
         let mut state = self.lock();
         let permit = match state.granted.iter().position(|g| g.token == token) {
             Some(i) if state.granted[i].expires > now => {
@@ -230,23 +231,18 @@ impl<W> Gate<W> {
             }
             _ => None,
         };
-        let wakes = state.fill(now, alive);
-        (permit, wakes)
+        state.fill(now, waiters);
+        permit
     }
 
     /// The first live waiter whose deadline has not passed, for the holder
     /// of `_permit` to run its call in this turn: its ticket and `W`. The
     /// waiter is told [`Left::Served`] until [`Gate::answered`]. `None` when
     /// nobody waits.
-    pub fn serve(
-        &self,
-        _permit: &Permit,
-        now: i64,
-        alive: impl Fn(&W) -> bool,
-    ) -> Option<(u64, W)> {
+    pub fn serve(&self, _permit: &Permit, now: i64, waiters: &impl Waiters<W>) -> Option<(u64, W)> {
         let mut state = self.lock();
         while let Some(waiter) = state.queue.pop_front() {
-            if waiter.expires > now && alive(&waiter.who) {
+            if waiter.expires > now && waiters.alive(&waiter.who) {
                 state.serving.push(waiter.ticket);
                 state.served += 1;
                 return Some((waiter.ticket, waiter.who));
@@ -260,18 +256,18 @@ impl<W> Gate<W> {
         self.lock().serving.retain(|t| !tickets.contains(t));
     }
 
-    /// Gives a running call's turn back; the waiters it frees a turn for.
-    pub fn release(&self, permit: Permit, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+    /// Gives a running call's turn back, and wakes a waiter with it.
+    pub fn release(&self, permit: Permit, now: i64, waiters: &impl Waiters<W>) {
         drop(permit);
         let mut state = self.lock();
         state.running = state.running.saturating_sub(1);
-        state.fill(now, alive)
+        state.fill(now, waiters);
     }
 
     /// Takes the waiter of `ticket` out of the queue, or gives back the turn
-    /// it was handed; or tells it its call is being run. And the waiters
-    /// that frees a turn for.
-    pub fn leave(&self, ticket: u64, now: i64, alive: impl Fn(&W) -> bool) -> (Left, Vec<Wake<W>>) {
+    /// it was handed (and wakes the next waiter with it); or tells it its
+    /// call is being run.
+    pub fn leave(&self, ticket: u64, now: i64, waiters: &impl Waiters<W>) -> Left {
         let mut state = self.lock();
         let left = if state.serving.contains(&ticket) {
             Left::Served
@@ -282,7 +278,8 @@ impl<W> Gate<W> {
             }
             Left::Out
         };
-        (left, state.fill(now, alive))
+        state.fill(now, waiters);
+        left
     }
 
     /// What the gate holds right now.
@@ -310,15 +307,14 @@ impl<W> State<W> {
     }
 
     /// Lets lapsed turns go, then hands free turns to the first live waiters
-    /// whose deadline has not passed.
-    fn fill(&mut self, now: i64, alive: impl Fn(&W) -> bool) -> Vec<Wake<W>> {
+    /// whose deadline has not passed, waking each while the gate is locked.
+    fn fill(&mut self, now: i64, waiters: &impl Waiters<W>) {
         self.granted.retain(|g| g.expires > now);
-        let mut wakes = Vec::new();
         while self.free() > 0 {
             let Some(waiter) = self.queue.pop_front() else {
                 break;
             };
-            if waiter.expires <= now || !alive(&waiter.who) {
+            if waiter.expires <= now || !waiters.alive(&waiter.who) {
                 continue;
             }
             let token = self.next_id();
@@ -327,40 +323,75 @@ impl<W> State<W> {
                 ticket: Some(waiter.ticket),
                 expires: waiter.expires,
             });
-            wakes.push(Wake {
+            waiters.wake(Wake {
                 who: waiter.who,
                 ticket: waiter.ticket,
                 token,
             });
         }
-        wakes
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
     use super::*;
 
     const SECOND: i64 = 1_000_000_000;
 
-    fn anyone(_: &&str) -> bool {
-        true
+    /// The callers of a test: all alive but `dead`; the turns handed to
+    /// them, in order, until taken with `woken`.
+    #[derive(Default)]
+    struct Callers {
+        dead: Option<&'static str>,
+        woken: RefCell<Vec<Wake<&'static str>>>,
+    }
+
+    impl Waiters<&'static str> for Callers {
+        fn alive(&self, who: &&'static str) -> bool {
+            self.dead != Some(*who)
+        }
+
+        fn wake(&self, wake: Wake<&'static str>) {
+            self.woken.borrow_mut().push(wake);
+        }
+    }
+
+    impl Callers {
+        fn but(dead: &'static str) -> Self {
+            Callers {
+                dead: Some(dead),
+                ..Callers::default()
+            }
+        }
+
+        fn woken(&self) -> Vec<Wake<&'static str>> {
+            self.woken.take()
+        }
+
+        fn tickets(&self) -> Vec<u64> {
+            self.woken().iter().map(|w| w.ticket).collect()
+        }
     }
 
     fn gate(capacity: usize) -> Gate<&'static str> {
         let gate = Gate::default();
-        assert!(gate.set_capacity(capacity, 0, anyone).is_empty());
+        let callers = Callers::default();
+        gate.set_capacity(capacity, 0, &callers);
+        assert!(callers.woken().is_empty());
         gate
     }
 
     fn admit(gate: &Gate<&'static str>, now: i64, expires: i64, who: &'static str) -> Admission {
-        let (admission, _wakes) = gate.admit(now, expires, || Ok::<_, ()>(who), anyone);
+        let admission = gate.admit(now, expires, || Ok::<_, ()>(who), &Callers::default());
         admission.expect("a waiter is always made")
     }
 
     fn go(gate: &Gate<&'static str>, now: i64, who: &'static str) -> u64 {
-        match gate.admit(now, now + SECOND, || Err(()), anyone) {
-            (Ok(Admission::Go(token)), wakes) if wakes.is_empty() => token,
+        let callers = Callers::default();
+        match gate.admit(now, now + SECOND, || Err(()), &callers) {
+            Ok(Admission::Go(token)) if callers.woken().is_empty() => token,
             other => panic!("{who} was not let in: {other:?}"),
         }
     }
@@ -373,9 +404,9 @@ mod tests {
     }
 
     fn run(gate: &Gate<&'static str>, token: u64, now: i64) -> Permit {
-        match gate.enter(token, now, anyone) {
-            (Some(permit), _) => permit,
-            other => panic!("token {token} did not run: {other:?}"),
+        match gate.enter(token, now, &Callers::default()) {
+            Some(permit) => permit,
+            None => panic!("token {token} did not run"),
         }
     }
 
@@ -397,7 +428,9 @@ mod tests {
             }
         );
 
-        let wakes = gate.release(a, 1, anyone);
+        let callers = Callers::default();
+        gate.release(a, 1, &callers);
+        let wakes = callers.woken();
         assert_eq!(wakes.len(), 1);
         assert_eq!((wakes[0].who, wakes[0].ticket), ("c", c));
         let _c = run(&gate, wakes[0].token, 1);
@@ -409,8 +442,9 @@ mod tests {
         let gate = gate(1);
         let a = run(&gate, go(&gate, 0, "a"), 0);
         let b = wait(&gate, 0, "b");
-        let wakes = gate.release(a, 1, anyone);
-        assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [b]);
+        let callers = Callers::default();
+        gate.release(a, 1, &callers);
+        assert_eq!(callers.tickets(), [b]);
         // b has been handed the turn but not used it yet: c must wait.
         wait(&gate, 1, "c");
     }
@@ -422,9 +456,14 @@ mod tests {
         let b = wait(&gate, 0, "b");
         wait(&gate, 0, "dead");
         wait(&gate, 0, "d");
-        assert_eq!(gate.leave(b, 1, anyone), (Left::Out, vec![]));
-        let wakes = gate.release(a, 2, |who| *who != "dead");
-        assert_eq!(wakes.iter().map(|w| w.who).collect::<Vec<_>>(), ["d"]);
+        let callers = Callers::but("dead");
+        assert_eq!(gate.leave(b, 1, &callers), Left::Out);
+        assert!(callers.woken().is_empty());
+        gate.release(a, 2, &callers);
+        assert_eq!(
+            callers.woken().iter().map(|w| w.who).collect::<Vec<_>>(),
+            ["d"]
+        );
     }
 
     #[test]
@@ -433,12 +472,12 @@ mod tests {
         let a = run(&gate, go(&gate, 0, "a"), 0);
         let b = wait(&gate, 0, "b");
         let c = wait(&gate, 0, "c");
-        let wakes = gate.release(a, 1, anyone);
-        assert_eq!(wakes[0].ticket, b);
+        let callers = Callers::default();
+        gate.release(a, 1, &callers);
+        assert_eq!(callers.tickets(), [b]);
         // b timed out just as its turn came: leaving hands it on to c.
-        let (left, wakes) = gate.leave(b, 2, anyone);
-        assert_eq!(left, Left::Out);
-        assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [c]);
+        assert_eq!(gate.leave(b, 2, &callers), Left::Out);
+        assert_eq!(callers.tickets(), [c]);
     }
 
     #[test]
@@ -446,9 +485,11 @@ mod tests {
         let gate = gate(1);
         let token = go(&gate, 0, "killed before it ran");
         wait(&gate, 0, "b");
-        assert_eq!(gate.enter(token, SECOND, anyone).0.map(|_| ()), None);
+        let callers = Callers::default();
+        assert!(gate.enter(token, SECOND, &callers).is_none());
         // The lapsed turn went to nobody (b's own deadline passed with it),
         // and the next caller gets it.
+        assert!(callers.woken().is_empty());
         assert_eq!(gate.counts().waiting, 0);
         go(&gate, SECOND, "c");
     }
@@ -459,8 +500,10 @@ mod tests {
         assert_eq!(admit(&gate, 5, 5, "late"), Admission::TimedOut);
         let token = go(&gate, 0, "a");
         let permit = run(&gate, token, 0);
-        assert!(gate.enter(token, 0, anyone).0.is_none());
-        assert!(gate.release(permit, 0, anyone).is_empty());
+        let callers = Callers::default();
+        assert!(gate.enter(token, 0, &callers).is_none());
+        gate.release(permit, 0, &callers);
+        assert!(callers.woken().is_empty());
         assert_eq!(
             gate.counts(),
             Counts {
@@ -474,7 +517,7 @@ mod tests {
     fn a_caller_that_cannot_be_queued_neither_runs_nor_waits() {
         let gate = gate(1);
         let _a = run(&gate, go(&gate, 0, "a"), 0);
-        let (admission, _) = gate.admit(0, SECOND, || Err("bad argument"), anyone);
+        let admission = gate.admit(0, SECOND, || Err("bad argument"), &Callers::default());
         assert_eq!(admission, Err("bad argument"));
         assert_eq!(gate.counts().waiting, 0);
     }
@@ -492,15 +535,16 @@ mod tests {
         let d = wait(&gate, 0, "d");
         // "late" gave itself 10 ns: at 20 ns it is skipped.
         let now = 20;
-        assert_eq!(gate.serve(&a, now, |w| *w != "dead"), Some((b, "b")));
+        let callers = Callers::but("dead");
+        assert_eq!(gate.serve(&a, now, &callers), Some((b, "b")));
         // While b's call runs, and until its answer is sent, b is told so.
-        assert_eq!(gate.leave(b, now, anyone), (Left::Served, vec![]));
-        assert_eq!(gate.serve(&a, now, |w| *w != "dead"), Some((d, "d")));
-        assert_eq!(gate.leave(b, now, anyone).0, Left::Served);
+        assert_eq!(gate.leave(b, now, &callers), Left::Served);
+        assert_eq!(gate.serve(&a, now, &callers), Some((d, "d")));
+        assert_eq!(gate.leave(b, now, &callers), Left::Served);
         gate.answered(&[b]);
-        assert_eq!(gate.leave(b, now, anyone).0, Left::Out);
-        assert_eq!(gate.leave(d, now, anyone).0, Left::Served);
-        assert_eq!(gate.serve(&a, now, anyone), None);
+        assert_eq!(gate.leave(b, now, &callers), Left::Out);
+        assert_eq!(gate.leave(d, now, &callers), Left::Served);
+        assert_eq!(gate.serve(&a, now, &callers), None);
         assert_eq!(
             gate.counts(),
             Counts {
@@ -510,10 +554,11 @@ mod tests {
                 ..Counts::default()
             }
         );
-        assert!(gate.release(a, now, anyone).is_empty());
+        gate.release(a, now, &callers);
+        assert!(callers.woken().is_empty());
         assert_eq!(gate.counts().running, 0);
         gate.answered(&[d]);
-        assert_eq!(gate.leave(d, now, anyone).0, Left::Out);
+        assert_eq!(gate.leave(d, now, &callers), Left::Out);
     }
 
     #[test]
@@ -522,11 +567,40 @@ mod tests {
         let a = run(&gate, go(&gate, 0, "a"), 0);
         let b = wait(&gate, 0, "b");
         let c = wait(&gate, 0, "c");
-        assert_eq!(gate.serve(&a, 1, anyone), Some((b, "b")));
-        let wakes = gate.release(a, 1, anyone);
-        assert_eq!(wakes.iter().map(|w| w.ticket).collect::<Vec<_>>(), [c]);
-        assert_eq!(gate.leave(b, 1, anyone).0, Left::Served);
+        let callers = Callers::default();
+        assert_eq!(gate.serve(&a, 1, &callers), Some((b, "b")));
+        gate.release(a, 1, &callers);
+        assert_eq!(callers.tickets(), [c]);
+        assert_eq!(gate.leave(b, 1, &callers), Left::Served);
         gate.answered(&[b]);
-        assert_eq!(gate.leave(b, 1, anyone).0, Left::Out);
+        assert_eq!(gate.leave(b, 1, &callers), Left::Out);
+    }
+
+    #[test]
+    fn a_turn_is_handed_while_the_gate_is_locked() {
+        // So the waiter's own leave (which locks the gate) cannot come
+        // between the hand-off and the turn's message.
+        struct Probe<'g> {
+            gate: &'g Gate<&'static str>,
+            locked: RefCell<Vec<bool>>,
+        }
+        impl Waiters<&'static str> for Probe<'_> {
+            fn alive(&self, _: &&'static str) -> bool {
+                true
+            }
+            fn wake(&self, _: Wake<&'static str>) {
+                let locked = self.gate.state.try_lock().is_err();
+                self.locked.borrow_mut().push(locked);
+            }
+        }
+        let gate = gate(1);
+        let a = run(&gate, go(&gate, 0, "a"), 0);
+        wait(&gate, 0, "b");
+        let probe = Probe {
+            gate: &gate,
+            locked: RefCell::new(Vec::new()),
+        };
+        gate.release(a, 1, &probe);
+        assert_eq!(probe.locked.take(), [true]);
     }
 }

@@ -8,7 +8,7 @@ use locks_core::{global, schema, Deadline, Location, Prepare, Settings, SslMode}
 use rustler::{Atom, Decoder, Env, NifResult, NifStruct, Term};
 
 use crate::atoms;
-use crate::call::{alive, now_ns, wake, GATE};
+use crate::call::{now_ns, Callers, GATE};
 use crate::error::raise;
 
 /// `PhoenixKitAgent.Turns.Locks.Config`: every setting resolved, defaulted
@@ -83,8 +83,7 @@ impl Config {
 #[rustler::nif(schedule = "DirtyIo")]
 fn start(env: Env<'_>, config: Config) -> NifResult<Atom> {
     let pool = global::start(config.settings()?).map_err(raise)?;
-    let wakes = GATE.set_capacity(pool.settings().pool_size, now_ns(), alive(env));
-    wake(env, wakes);
+    GATE.set_capacity(pool.settings().pool_size, now_ns(), &Callers(env));
     Ok(atoms::ok())
 }
 

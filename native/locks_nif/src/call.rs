@@ -40,7 +40,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use locks_core::admission::{Admission, Gate, Left, Permit, Wake};
+use locks_core::admission::{Admission, Gate, Left, Permit, Waiters, Wake};
 use locks_core::{global, Answer, Deadline, Error, Job, LockPool, Settings};
 use rustler::{Encoder, Env, LocalPid, NifMap, NifResult, Term};
 
@@ -104,10 +104,12 @@ impl Drop for Kept {
 }
 
 /// Sends every answer kept by [`Call::serve`] to its caller, then tells the
-/// gate: a caller that gives up after this finds its answer in its mailbox.
-/// On a normal scheduler only (see the module doc).
+/// gate, all with the answers locked: a caller whose `leave/2` or
+/// `deliver/0` comes meanwhile waits for this, and then finds its answer in
+/// its mailbox (none comes later). On a normal scheduler only (see the
+/// module doc). The answers are locked before the gate, never the other way.
 fn send_answers(env: Env<'_>) {
-    let answers = std::mem::take(&mut *answered());
+    let mut answers = answered();
     if answers.is_empty() {
         return;
     }
@@ -116,7 +118,7 @@ fn send_answers(env: Env<'_>) {
         pid,
         ticket,
         answer,
-    } in answers
+    } in answers.drain(..)
     {
         let reply = match answer {
             Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
@@ -159,21 +161,24 @@ fn deadline(start: i64, now: i64, settings: &Settings) -> Deadline {
     Deadline::new(started, settings)
 }
 
-/// Sends each waiter its turn.
-pub fn wake(env: Env<'_>, wakes: Vec<Wake<Waiter>>) {
-    for Wake { who, ticket, token } in wakes {
+/// The waiting callers, as the gate sees them from a NIF call in `env`.
+pub struct Callers<'a>(pub Env<'a>);
+
+impl Waiters<Waiter> for Callers<'_> {
+    fn alive(&self, waiter: &Waiter) -> bool {
+        self.0.is_process_alive(waiter.pid)
+    }
+
+    /// Sends the waiter its turn (the gate is locked meanwhile).
+    fn wake(&self, Wake { who, ticket, token }: Wake<Waiter>) {
         // A waiter that died meanwhile does not need it; its turn lapses.
         let message = (
             atoms::phoenix_kit_agent_locks(),
             ticket,
             (atoms::turn(), token),
         );
-        let _ = env.send(&who.pid, message);
+        let _ = self.0.send(&who.pid, message);
     }
-}
-
-pub fn alive(env: Env<'_>) -> impl Fn(&Waiter) -> bool + '_ {
-    move |waiter| env.is_process_alive(waiter.pid)
 }
 
 /// A turn for the call of `function` with `args`, stamped `start`: the
@@ -194,9 +199,7 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
             job: job(function, args)?,
         })
     };
-    let (admission, wakes) = GATE.admit(now_ns(), expires, waiter, alive(env));
-    wake(env, wakes);
-    match admission? {
+    match GATE.admit(now_ns(), expires, waiter, &Callers(env))? {
         Admission::Go(token) => Ok(token.encode(env)),
         Admission::Wait { ticket, wait_ns } => {
             let wait_ms = wait_ns.saturating_add(999_999) / 1_000_000;
@@ -217,8 +220,7 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
 fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
     send_answers(env);
     let now = now_ns();
-    let (left, wakes) = GATE.leave(ticket, now, alive(env));
-    wake(env, wakes);
+    let left = GATE.leave(ticket, now, &Callers(env));
     let pool = global::current().map_err(raise)?;
     let settings = pool.settings();
     Ok(match left {
@@ -292,8 +294,7 @@ struct Slot<'a> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            let wakes = GATE.release(permit, now_ns(), alive(self.env));
-            wake(self.env, wakes);
+            GATE.release(permit, now_ns(), &Callers(self.env));
         }
     }
 }
@@ -313,8 +314,7 @@ impl<'a> Call<'a> {
     pub fn enter(env: Env<'a>, token: Term<'a>, start: Term<'a>) -> NifResult<Self> {
         let token: u64 = token.decode()?;
         let now = now_ns();
-        let (permit, wakes) = GATE.enter(token, now, alive(env));
-        wake(env, wakes);
+        let permit = GATE.enter(token, now, &Callers(env));
         // From here on the turn goes back whatever happens.
         let slot = Slot { env, permit };
         let start: i64 = start.decode()?;
@@ -347,7 +347,7 @@ impl<'a> Call<'a> {
         };
         for served in 0..SERVE_AT_MOST {
             let now = now_ns();
-            let Some((ticket, waiter)) = GATE.serve(permit, now, alive(env)) else {
+            let Some((ticket, waiter)) = GATE.serve(permit, now, &Callers(env)) else {
                 return served;
             };
             let mut kept = Kept {
