@@ -37,7 +37,7 @@
 //! the start of the call's one deadline (`locks_core::Deadline`), wherever
 //! its job runs. No wall clock is involved, so a clock step changes nothing.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
 
 use locks_core::admission::{Admission, Gate, Left, Permit, Waiters, Wake};
@@ -72,7 +72,7 @@ struct Answered {
 /// The answers [`Call::serve`] got and [`deliver`] has not sent yet.
 static ANSWERED: Mutex<Vec<Answered>> = Mutex::new(Vec::new());
 
-fn answered() -> std::sync::MutexGuard<'static, Vec<Answered>> {
+fn answered() -> MutexGuard<'static, Vec<Answered>> {
     ANSWERED
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -109,7 +109,21 @@ impl Drop for Kept {
 /// its mailbox (none comes later). On a normal scheduler only (see the
 /// module doc). The answers are locked before the gate, never the other way.
 fn send_answers(env: Env<'_>) {
-    let mut answers = answered();
+    send_answers_from(env, answered());
+}
+
+/// As [`send_answers`], unless another call is sending them right now:
+/// what `admit/3` does for the answers of a call whose process was killed,
+/// without ever waiting on a normal scheduler for a lock.
+fn send_answers_if_free(env: Env<'_>) {
+    match ANSWERED.try_lock() {
+        Ok(answers) => send_answers_from(env, answers),
+        Err(TryLockError::Poisoned(poisoned)) => send_answers_from(env, poisoned.into_inner()),
+        Err(TryLockError::WouldBlock) => {}
+    }
+}
+
+fn send_answers_from(env: Env<'_>, mut answers: MutexGuard<'_, Vec<Answered>>) {
     if answers.is_empty() {
         return;
     }
@@ -188,7 +202,7 @@ impl Waiters<Waiter> for Callers<'_> {
 /// are a bad argument here.
 #[rustler::nif]
 fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    send_answers(env);
+    send_answers_if_free(env);
     let pool = global::current().map_err(raise)?;
     let checkout = pool.settings().checkout_timeout;
     let expires = start.saturating_add(nanos(checkout));
