@@ -15,21 +15,25 @@
 //!   waiting for a woken process to be scheduled. The answers are kept here
 //!   and sent by [`deliver`], on a normal scheduler: by the call that ran
 //!   them as soon as it is back there (`run/4` tells it to, and it calls
-//!   `deliver/0`), or else, if its process was killed meanwhile, by the next
-//!   `admit/3` or `leave/2` of any caller, at the latest by the waiter's own
-//!   `leave/2`, or its `deliver/0` when its wait for the answer ends. Not from the dirty thread: a
-//!   message allocated there comes from the VM's allocator instance for
-//!   threads that are not schedulers, and the normal scheduler that frees
-//!   it must wake the VM's aux thread to hand the memory back, which cost
-//!   more than a tenth of the calls made at 50 callers;
+//!   `deliver/0`), or else, if its process was killed meanwhile, by the
+//!   next `admit/3` or `leave/2` of any caller, at the latest by the
+//!   waiter's own `leave/2`, or by its `deliver/0` when its wait for the
+//!   answer ends. Not from the dirty thread: a message allocated there comes
+//!   from the VM's allocator instance for threads that are not schedulers,
+//!   and the normal scheduler that frees it must wake the VM's aux thread to
+//!   hand the memory back (at 50 callers, ~10 µs of CPU a call);
 //! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`.
 //!
 //! At its checkout deadline it gives up with `leave/2`, which takes it out
-//! of the queue (`:pool_timeout`), or tells it its job ran or is running and
-//! its answer is not sent yet (`{:served, wait_ms}`). The turn goes back, and the next waiter is sent
-//! one, when [`Call`] is dropped, whatever the call's outcome. A dirty NIF
-//! always runs to its end, even when its process is killed meanwhile, so no
-//! turn is ever lost.
+//! of the queue (`:pool_timeout`), or tells it its job ran or is running
+//! and its answer is not sent yet (`{:served, wait_ms}`). The turn goes
+//! back, and the next waiter is sent one, when [`Call`] is dropped, whatever
+//! the call's outcome. A dirty NIF always runs to its end, even when its
+//! process is killed meanwhile, so no turn is ever lost.
+//!
+//! Turns are handed while the gate is locked ([`Callers`]), and kept answers
+//! sent while they are locked ([`send_answers`]): a caller that gives up
+//! finds whatever was meant for it in its mailbox, and nothing comes later.
 //!
 //! Every time is the Erlang monotonic clock in nanoseconds
 //! (`System.monotonic_time(:nanosecond)`, `enif_monotonic_time` here): the
