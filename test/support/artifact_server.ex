@@ -31,6 +31,16 @@ defmodule PhoenixKitAgent.Turns.Locks.ArtifactServer do
     end
   end
 
+  @doc """
+  Starts the server for the calling test, which stops it when it ends (an
+  ExUnit `on_exit/1`); its base URL.
+  """
+  def serve!(files) do
+    {url, server} = start(files)
+    ExUnit.Callbacks.on_exit(fn -> stop(server) end)
+    url
+  end
+
   @doc "Stops the server; its listening socket is closed when this returns."
   def stop(server) do
     ref = Process.monitor(server)

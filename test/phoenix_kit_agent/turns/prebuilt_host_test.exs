@@ -65,8 +65,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
       name => Prebuilt.checksum(File.read!(tarball))
     })
 
-    {url, server} = ArtifactServer.start(%{"/v#{version}/#{name}" => File.read!(tarball)})
-    on_exit(fn -> ArtifactServer.stop(server) end)
+    url = ArtifactServer.serve!(%{"/v#{version}/#{name}" => File.read!(tarball)})
 
     HostProject.write!(Path.join(dir, "host"), HostProject.files(library, "prebuilt-turn"))
 

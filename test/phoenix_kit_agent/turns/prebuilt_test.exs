@@ -198,8 +198,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
   describe "a prebuilt library" do
     test "is downloaded from the release, verified, installed and kept in the cache", ctx do
       list!(ctx, %{ctx.name => Prebuilt.checksum(ctx.tarball)})
-      {url, server} = ArtifactServer.start(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      url = ArtifactServer.serve!(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
       settings = settings(ctx, %{"LOCKS_NIF_BASE_URL" => "#{url}/v#{@version}"}, ctx.cargo)
 
       assert LocksNif.compile(settings, ctx.dest) == {:ok, []}
@@ -241,8 +240,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
     test "is downloaded through the proxy of http_proxy", ctx do
       list!(ctx, %{ctx.name => Prebuilt.checksum(ctx.tarball)})
       # The release's host does not resolve: only the proxy can answer.
-      {proxy, server} = ArtifactServer.start(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      proxy = ArtifactServer.serve!(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
 
       settings =
         settings(
@@ -294,8 +292,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
       listed = Prebuilt.checksum(ctx.tarball)
       list!(ctx, %{ctx.name => listed})
       tampered = tarball!(ctx.dir, String.trim_trailing(ctx.name, ".tar.gz"), "tampered library")
-      {url, server} = ArtifactServer.start(%{"/v#{@version}/#{ctx.name}" => tampered})
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      url = ArtifactServer.serve!(%{"/v#{@version}/#{ctx.name}" => tampered})
       # cargo is there, and must not be used instead.
       settings = settings(ctx, %{"LOCKS_NIF_BASE_URL" => "#{url}/v#{@version}"}, ctx.cargo)
 
@@ -341,8 +338,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
   describe "cargo" do
     test "builds the library when the checksum file lists nothing for the target", ctx do
       list!(ctx, %{ctx.name => Prebuilt.checksum(ctx.tarball)})
-      {url, server} = ArtifactServer.start(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      url = ArtifactServer.serve!(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
 
       settings =
         settings(
@@ -368,8 +364,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
 
     test "builds the library when the download fails", ctx do
       list!(ctx, %{ctx.name => Prebuilt.checksum(ctx.tarball)})
-      {url, server} = ArtifactServer.start(%{})
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      url = ArtifactServer.serve!(%{})
       settings = settings(ctx, %{"LOCKS_NIF_BASE_URL" => "#{url}/v#{@version}"}, ctx.cargo)
 
       assert LocksNif.compile(settings, ctx.dest) == {:ok, []}
@@ -386,8 +381,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
 
     test "LOCKS_NIF_BUILD=1 builds from source without asking for an artifact", ctx do
       list!(ctx, %{ctx.name => Prebuilt.checksum(ctx.tarball)})
-      {url, server} = ArtifactServer.start(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      url = ArtifactServer.serve!(%{"/v#{@version}/#{ctx.name}" => ctx.tarball})
 
       settings =
         settings(
@@ -538,8 +532,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
     test "downloads them from the release's base URL", ctx do
       files = Map.new(ctx.names, fn name -> {"/v#{@version}/#{name}", "artifact #{name}"} end)
 
-      {url, server} = ArtifactServer.start(files)
-      on_exit(fn -> ArtifactServer.stop(server) end)
+      url = ArtifactServer.serve!(files)
       System.put_env("LOCKS_NIF_BASE_URL", "#{url}/v#{@version}")
       on_exit(fn -> System.delete_env("LOCKS_NIF_BASE_URL") end)
 
