@@ -25,6 +25,23 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     do: {TestDB.lock(:chat, chat), TestDB.lock(:user, user)} == {{nil, nil}, {nil, nil}}
 
   # Waits for the keeper's next renewal (a keep/4 call) and its result.
+  # A process running a turn that never ends on its own, once it runs: the
+  # process and the turn's ref.
+  defp turn_running!(chat, user) do
+    me = self()
+
+    caller =
+      spawn(fn ->
+        Locks.with_turn(chat, user, [ttl_s: 60], fn turn ->
+          send(me, {:running, self(), turn.ref})
+          Process.sleep(:infinity)
+        end)
+      end)
+
+    assert_receive {:running, ^caller, ref}, 5_000
+    {caller, ref}
+  end
+
   defp next_keep(timeout \\ 5_000) do
     receive do
       {:telemetry, [:phoenix_kit_agent_locks, :keep, :stop], _, %{result: :ok}} ->
@@ -193,17 +210,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
   end
 
   test "a killed caller leaves no keeper running and no lock", %{chat: chat, user: user} do
-    me = self()
-
-    caller =
-      spawn(fn ->
-        Locks.with_turn(chat, user, [ttl_s: 60], fn turn ->
-          send(me, {:running, turn.ref})
-          Process.sleep(:infinity)
-        end)
-      end)
-
-    assert_receive {:running, ref}, 5_000
+    {caller, ref} = turn_running!(chat, user)
     assert Locks.held?(chat, user, ref)
     assert [{_, keeper, _, _}] = DynamicSupervisor.which_children(Locks.Keepers)
     watch = Process.monitor(keeper)
@@ -220,16 +227,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     chat: chat,
     user: user
   } do
-    me = self()
-
-    spawn(fn ->
-      Locks.with_turn(chat, user, [ttl_s: 60], fn turn ->
-        send(me, {:running, turn.ref})
-        Process.sleep(:infinity)
-      end)
-    end)
-
-    assert_receive {:running, ref}, 5_000
+    {_caller, ref} = turn_running!(chat, user)
     assert Locks.held?(chat, user, ref)
     :ok = AppEnv.stop()
 
