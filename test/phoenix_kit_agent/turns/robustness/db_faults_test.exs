@@ -186,6 +186,17 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
       end
 
       :ok = Pg.restart!(dir)
+
+      # Within the back-off after the last refused connect (at most 2 s)
+      # calls still fail at once, as documented; then the pool connects.
+      probe = [{:held?, [hd(chats), hd(users), "probe"]}]
+
+      ready? = fn ->
+        match?([{{:ok, false}, _}], Node.call(node, Faults, :timed_many, [probe]))
+      end
+
+      assert :ok = Faults.until(ready?, 2_000 + @bound_ms)
+
       answers = Node.call(node, Faults, :timed_many, [calls])
       assert Enum.map(answers, &elem(&1, 0)) == List.duplicate({:ok, :ok}, 20)
     end
