@@ -1,39 +1,30 @@
 //! Admission: how many lock calls may run at once.
 //!
-//! Every lock call waits on a dirty-I/O scheduler for as long as its
-//! statement takes. With a database that hangs, calls that were let in
-//! freely would hold every one of those schedulers, and the rest of the VM
-//! that runs there (file I/O, code loading) would wait with them. So a call
-//! first asks the [`Gate`] for a *turn* on a normal scheduler, and enters a
-//! dirty one only with a turn in hand. At most `capacity` turns exist at
-//! once (the pool's size, which by default leaves two of the VM's dirty-I/O
-//! schedulers free), so a turn also guarantees a free connection.
+//! A lock call waits on a dirty-I/O scheduler for as long as its statement
+//! takes. With a database that hangs, calls let in freely would hold every
+//! one of those schedulers, and the rest of the VM that runs there (file
+//! I/O, code loading) would wait with them. So a call first asks the
+//! [`Gate`] for a *turn*, on a normal scheduler, and enters a dirty one only
+//! with a turn in hand. At most `capacity` turns exist (the pool's size), so
+//! a turn is also a free connection.
 //!
 //! * [`Gate::admit`]: a turn at once when one is free and nobody waits
-//!   (`Go(token)`), or a place in the queue (`Wait`) for the caller and its
-//!   call (`W`): the caller then waits on a normal scheduler, without
-//!   spinning, until its checkout deadline.
-//! * [`Gate::enter`]: the dirty-scheduler call trades its token for a
-//!   [`Permit`]. When its own call is done, it may run the calls of the
-//!   first waiters itself ([`Gate::serve`]: the turn passes from call to
-//!   call without leaving the dirty scheduler, and the connection it stands
-//!   for is never idle between them); then [`Gate::release`] gives the turn
-//!   back and hands it to the first live waiter, as a [`Wake`]. The answers
-//!   of the calls it ran are sent later, and [`Gate::answered`] says so.
-//! * [`Gate::leave`]: a waiter whose deadline passed takes itself out of
-//!   the queue, or gives back the turn it was handed too late; it is told
-//!   when its call was run by another and its answer is not sent yet, and
-//!   then waits for it.
+//!   (`Go`), or a place in the queue (`Wait`): the caller waits on a normal
+//!   scheduler until its checkout deadline.
+//! * [`Gate::enter`] trades the token for a [`Permit`]. After its own call
+//!   the holder may run the first waiters' calls in the same turn
+//!   ([`Gate::serve`]; their answers are sent later, then
+//!   [`Gate::answered`]), and [`Gate::release`] hands the turn to the first
+//!   live waiter.
+//! * [`Gate::leave`]: a waiter whose deadline passed leaves the queue, or
+//!   gives back a turn handed too late, or learns that its call was run and
+//!   its answer is on the way.
 //!
-//! Waiters are served first come, first served: while anybody waits, a new
-//! caller queues behind them. A turn handed out but never used (its caller
-//! was killed between the two calls) lapses at the caller's checkout
-//! deadline, so nothing can hold a turn for good: the release is done by the
-//! dirty-scheduler call itself, which always runs to its end, even when its
-//! process is killed meanwhile.
-//!
-//! Times are the caller's monotonic clock, in nanoseconds; `W` is whatever
-//! names a waiter and its call (a process and a job, for the NIF).
+//! First come, first served: while anybody waits, a newcomer queues. A turn
+//! handed out but never used (its caller was killed) lapses at the caller's
+//! checkout deadline; a used one is released by the dirty call itself, which
+//! runs to its end even when its process is killed. Times are the caller's
+//! monotonic clock in nanoseconds; `W` names a waiter and its call.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -167,9 +158,7 @@ impl<W> Gate<W> {
     }
 
     fn lock(&self) -> MutexGuard<'_, State<W>> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Sets the number of turns (a new pool's size); waiters are woken if
@@ -197,24 +186,13 @@ impl<W> Gate<W> {
             Ok(Admission::TimedOut)
         } else if state.queue.is_empty() && state.free() > 0 {
             let token = state.next_id();
-            state.granted.push(Grant {
-                token,
-                ticket: None,
-                expires,
-            });
+            state.granted.push(Grant { token, ticket: None, expires });
             Ok(Admission::Go(token))
         } else {
             who().map(|who| {
                 let ticket = state.next_id();
-                state.queue.push_back(Waiter {
-                    ticket,
-                    who,
-                    expires,
-                });
-                Admission::Wait {
-                    ticket,
-                    wait_ns: expires - now,
-                }
+                state.queue.push_back(Waiter { ticket, who, expires });
+                Admission::Wait { ticket, wait_ns: expires - now }
             })
         }
     }
@@ -302,8 +280,7 @@ impl<W> State<W> {
     }
 
     fn free(&self) -> usize {
-        self.capacity
-            .saturating_sub(self.running + self.granted.len())
+        self.capacity.saturating_sub(self.running + self.granted.len())
     }
 
     /// Lets lapsed turns go, then hands free turns to the first live waiters
@@ -323,11 +300,7 @@ impl<W> State<W> {
                 ticket: Some(waiter.ticket),
                 expires: waiter.expires,
             });
-            waiters.wake(Wake {
-                who: waiter.who,
-                ticket: waiter.ticket,
-                token,
-            });
+            waiters.wake(Wake { who: waiter.who, ticket: waiter.ticket, token });
         }
     }
 }
@@ -360,10 +333,7 @@ mod tests {
 
     impl Callers {
         fn but(dead: &'static str) -> Self {
-            Callers {
-                dead: Some(dead),
-                ..Callers::default()
-            }
+            Callers { dead: Some(dead), ..Callers::default() }
         }
 
         fn woken(&self) -> Vec<Wake<&'static str>> {
@@ -419,13 +389,7 @@ mod tests {
         let d = wait(&gate, 0, "d");
         assert_eq!(
             gate.counts(),
-            Counts {
-                capacity: 2,
-                running: 2,
-                granted: 0,
-                waiting: 2,
-                served: 0
-            }
+            Counts { capacity: 2, running: 2, granted: 0, waiting: 2, served: 0 }
         );
 
         let callers = Callers::default();
@@ -460,10 +424,7 @@ mod tests {
         assert_eq!(gate.leave(b, 1, &callers), Left::Out);
         assert!(callers.woken().is_empty());
         gate.release(a, 2, &callers);
-        assert_eq!(
-            callers.woken().iter().map(|w| w.who).collect::<Vec<_>>(),
-            ["d"]
-        );
+        assert_eq!(callers.woken().iter().map(|w| w.who).collect::<Vec<_>>(), ["d"]);
     }
 
     #[test]
@@ -504,13 +465,7 @@ mod tests {
         assert!(gate.enter(token, 0, &callers).is_none());
         gate.release(permit, 0, &callers);
         assert!(callers.woken().is_empty());
-        assert_eq!(
-            gate.counts(),
-            Counts {
-                capacity: 1,
-                ..Counts::default()
-            }
-        );
+        assert_eq!(gate.counts(), Counts { capacity: 1, ..Counts::default() });
     }
 
     #[test]
@@ -528,10 +483,7 @@ mod tests {
         let a = run(&gate, go(&gate, 0, "a"), 0);
         let b = wait(&gate, 0, "b");
         wait(&gate, 0, "dead");
-        assert!(matches!(
-            admit(&gate, 0, 10, "late"),
-            Admission::Wait { .. }
-        ));
+        assert!(matches!(admit(&gate, 0, 10, "late"), Admission::Wait { .. }));
         let d = wait(&gate, 0, "d");
         // "late" gave itself 10 ns: at 20 ns it is skipped.
         let now = 20;
@@ -547,12 +499,7 @@ mod tests {
         assert_eq!(gate.serve(&a, now, &callers), None);
         assert_eq!(
             gate.counts(),
-            Counts {
-                capacity: 1,
-                running: 1,
-                served: 2,
-                ..Counts::default()
-            }
+            Counts { capacity: 1, running: 1, served: 2, ..Counts::default() }
         );
         gate.release(a, now, &callers);
         assert!(callers.woken().is_empty());
@@ -596,10 +543,7 @@ mod tests {
         let gate = gate(1);
         let a = run(&gate, go(&gate, 0, "a"), 0);
         wait(&gate, 0, "b");
-        let probe = Probe {
-            gate: &gate,
-            locked: RefCell::new(Vec::new()),
-        };
+        let probe = Probe { gate: &gate, locked: RefCell::new(Vec::new()) };
         gate.release(a, 1, &probe);
         assert_eq!(probe.locked.take(), [true]);
     }

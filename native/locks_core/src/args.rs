@@ -67,7 +67,7 @@ pub(crate) fn is_click_ref(text: &str) -> bool {
 
 /// A turn's ref: never a click's, so a refusal can tell the two apart.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TurnRef(String);
+pub struct TurnRef(pub(crate) String);
 
 impl TurnRef {
     /// A turn ref, or `None` for a click's ref or text a `text` column cannot hold.
@@ -83,7 +83,7 @@ impl TurnRef {
 
 /// A click's ref, as `click_ref/0` makes them.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClickRef(String);
+pub struct ClickRef(pub(crate) String);
 
 impl ClickRef {
     /// A click ref, or `None` for anything that does not start with [`CLICK_REF_PREFIX`].
@@ -99,7 +99,7 @@ impl ClickRef {
 
 /// A TTL: how old another holder's lock must be to be taken over, whole seconds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ttl(i32);
+pub struct Ttl(pub(crate) i32);
 
 impl Ttl {
     /// `None` unless `seconds` is positive and fits an `int4`.
@@ -115,16 +115,13 @@ impl Ttl {
 
 /// How long a click's lock keeps turns out, whole seconds, at most its TTL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Hold(i32);
+pub struct Hold(pub(crate) i32);
 
 impl Hold {
     /// `None` unless `seconds` is from 1 to `ttl`'s seconds: a longer hold
     /// would date the lock into the future.
     pub fn new(seconds: i64, ttl: Ttl) -> Option<Self> {
-        i32::try_from(seconds)
-            .ok()
-            .filter(|s| (1..=ttl.0).contains(s))
-            .map(Hold)
+        i32::try_from(seconds).ok().filter(|s| (1..=ttl.0).contains(s)).map(Hold)
     }
 
     /// The seconds, as the statements bind them (`int4`).
@@ -147,15 +144,9 @@ mod tests {
 
     #[test]
     fn refs_are_told_apart_by_the_click_prefix() {
-        assert_eq!(
-            TurnRef::new("turn-1").as_ref().map(TurnRef::as_str),
-            Some("turn-1")
-        );
+        assert_eq!(TurnRef::new("turn-1").as_ref().map(TurnRef::as_str), Some("turn-1"));
         assert_eq!(TurnRef::new("click:00"), None);
-        assert_eq!(
-            ClickRef::new("click:00").as_ref().map(ClickRef::as_str),
-            Some("click:00")
-        );
+        assert_eq!(ClickRef::new("click:00").as_ref().map(ClickRef::as_str), Some("click:00"));
         assert_eq!(ClickRef::new("turn-1"), None);
         for unstorable in ["", "turn\0", "click:\0"] {
             assert_eq!(TurnRef::new(unstorable), None, "{unstorable:?}");

@@ -1,36 +1,29 @@
 //! Opening connections: the socket, TLS, the login, and the pause between
 //! failed attempts.
 //!
-//! Connections are opened on sockets of our own rather than by
-//! tokio-postgres' `connect`, for what a pool of a long-lived VM needs:
+//! Sockets are our own rather than tokio-postgres' `connect`'s, tuned for a
+//! pool that lives as long as the VM ([`tune`]):
 //!
-//! * **TCP keepalive** after [`KEEPALIVE_IDLE`] idle (tokio-postgres' default
-//!   is the kernel's two hours) and a `TCP_USER_TIMEOUT` of
-//!   [`USER_TIMEOUT`], so a peer that went silent (a black-holed path, a NAT
-//!   or load balancer that dropped the flow, a failover) is noticed and the
-//!   connection replaced;
-//! * **`SO_LINGER` 0**: a closed connection is *reset*, not shut down. The
-//!   kernel then drops whatever it still holds unsent. A statement of a call
-//!   that timed out on a silent path could otherwise be delivered when the
-//!   path comes back, seconds after its caller gave up and released its
-//!   locks, and take them for a ref nobody holds any more (a ghost lock).
-//!   Nothing is lost by it: a connection is only closed when it is
-//!   discarded or the pool closes, with nothing in flight worth delivering.
+//! * **TCP keepalive** after [`KEEPALIVE_IDLE`] and a `TCP_USER_TIMEOUT` of
+//!   [`USER_TIMEOUT`], so a peer that went silent (a black-holed path, a
+//!   dropped NAT flow, a failover) is noticed and the connection replaced;
+//! * **`SO_LINGER` 0**: a closed connection is *reset*, and the kernel drops
+//!   what it still holds unsent. Otherwise the statement of a call that
+//!   timed out on a silent path could be delivered when the path comes
+//!   back, after its caller gave up, and take a lock for a ref nobody holds
+//!   (a ghost lock). A connection is only closed when it is discarded or
+//!   the pool closes, with nothing in flight worth delivering.
 //!
-//! No startup options are sent (PgBouncer refuses them by default) and no
-//! session setting is assumed: the statements are correct under any
-//! `TimeZone` and isolation level (see `sql.rs`).
-//!
-//! While connections fail (the server is down or full: connection refused,
-//! 53300), new attempts are spaced by a capped, jittered back-off
-//! ([`Backoff`]); a call that would open one meanwhile fails at once with
-//! the last error, instead of each call hammering the server.
+//! No startup options are sent (PgBouncer refuses them) and no session
+//! setting is assumed (see `sql.rs`). While connections fail, attempts are
+//! spaced by a capped, jittered [`Backoff`]: a call that would open one
+//! meanwhile fails at once with the last error.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -38,7 +31,7 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
-use tokio_postgres::tls::{MakeTlsConnect, NoTls};
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -50,27 +43,70 @@ use crate::tls;
 pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
 /// Time between unanswered keepalive probes.
 pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
-/// Unanswered probes before the connection is given up: a silent idle
-/// connection is closed after 15 + 3 × 5 = 30 s.
+/// Unanswered probes before a silent idle connection is given up (after 30 s).
 pub const KEEPALIVE_RETRIES: u32 = 3;
 /// How long sent data may stay unacknowledged before the kernel gives the
 /// connection up (Linux).
 pub const USER_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// The first pause after a failed attempt; it doubles with each failure.
 pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// The longest pause between attempts.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// A TCP or Unix socket, as one type for tokio-postgres.
+pub(crate) enum Socket {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+/// `$call` on whichever stream `$socket` is.
+macro_rules! either {
+    ($socket:expr, $s:ident => $call:expr) => {
+        match $socket.get_mut() {
+            Socket::Tcp($s) => $call,
+            Socket::Unix($s) => $call,
+        }
+    };
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        either!(self, s => Pin::new(s).poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        either!(self, s => Pin::new(s).poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        either!(self, s => Pin::new(s).poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        either!(self, s => Pin::new(s).poll_shutdown(cx))
+    }
+}
+type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
 
 /// Opens connections for one pool.
 #[derive(Clone)]
 pub(crate) struct Connector {
     location: Location,
     port: u16,
-    /// The login: user, password, database, application name, sslmode.
+    /// The login: user, password, database, application name, and whether
+    /// to ask for TLS (never over a Unix socket, where the server refuses it).
     login: tokio_postgres::Config,
-    /// `None` when TLS is disabled (and over a Unix socket, which never uses it).
-    tls: Option<MakeRustlsConnect>,
+    tls: MakeRustlsConnect,
     timeout: Duration,
     backoff: Arc<Mutex<Backoff>>,
 }
@@ -85,8 +121,7 @@ pub(crate) struct Conn {
     pub prepared: Vec<(&'static str, tokio_postgres::Statement)>,
     /// When a statement was last sent on it.
     pub sent: Instant,
-    /// When the server last answered on it (the login, at first): the last
-    /// time its network path is known to have worked.
+    /// When the server last answered on it (the login, at first).
     pub answered: Instant,
 }
 
@@ -99,29 +134,24 @@ impl Drop for Conn {
 impl Connector {
     /// Checks what can be checked without connecting (the CA file is read).
     pub fn new(settings: &Settings) -> Result<Self> {
+        let mode = match settings.location {
+            Location::SocketDir(_) => SslMode::Disable,
+            Location::Host(_) => settings.sslmode,
+        };
         let mut login = tokio_postgres::Config::new();
         login
             .user(&settings.username)
             .dbname(&settings.database)
-            .application_name(&settings.application_name);
+            .application_name(&settings.application_name)
+            .ssl_mode(tls::wire(mode));
         if let Some(password) = &settings.password {
             login.password(password);
         }
-        let tls = match (&settings.location, settings.sslmode) {
-            (Location::SocketDir(_), _) | (_, SslMode::Disable) => {
-                login.ssl_mode(tls::wire(SslMode::Disable));
-                None
-            }
-            (Location::Host(_), mode) => {
-                login.ssl_mode(tls::wire(mode));
-                Some(tls::connector(mode, settings.ssl_ca_file.as_deref())?)
-            }
-        };
         Ok(Connector {
             location: settings.location.clone(),
             port: settings.port,
             login,
-            tls,
+            tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
             timeout: settings.connect_timeout,
             backoff: Arc::default(),
         })
@@ -130,139 +160,95 @@ impl Connector {
     /// Opens a connection within the connect timeout, or fails at once while
     /// the back-off after a failed attempt lasts.
     pub async fn open(&self) -> Result<Conn> {
-        let now = Instant::now();
-        if let Some(refusal) = self.lock_backoff().refusal(now) {
+        if let Some(refusal) = self.backoff().refusal(Instant::now()) {
             return Err(refusal);
         }
-        let result = match tokio::time::timeout(self.timeout, self.login()).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Connect(format!(
-                "no connection within {} ms",
-                self.timeout.as_millis()
-            ))),
-        };
-        let mut backoff = self.lock_backoff();
+        let result = tokio::time::timeout(self.timeout, self.login()).await.unwrap_or_else(|_| {
+            Err(Error::Connect(format!("no connection within {} ms", self.timeout.as_millis())))
+        });
         match &result {
-            Ok(_) => backoff.succeeded(),
-            Err(err) => backoff.failed(Instant::now(), err),
+            Ok(_) => self.backoff().succeeded(),
+            Err(err) => self.backoff().failed(Instant::now(), err),
         }
         result
     }
 
-    fn lock_backoff(&self) -> std::sync::MutexGuard<'_, Backoff> {
-        self.backoff
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn backoff(&self) -> MutexGuard<'_, Backoff> {
+        self.backoff.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn login(&self) -> Result<Conn> {
-        let socket = self
-            .socket()
-            .await
-            .map_err(|e| Error::Connect(format!("{}: {e}", self.describe_location())))?;
-        let (client, task) = match (&self.tls, socket, &self.location) {
-            (Some(tls), socket, Location::Host(host)) => {
-                let mut tls = tls.clone();
-                let tls = match MakeTlsConnect::<Socket>::make_tls_connect(&mut tls, host) {
-                    Ok(tls) => tls,
-                    Err(never) => match never {},
-                };
-                let (client, connection) = self
-                    .login
-                    .connect_raw(socket, tls)
-                    .await
-                    .map_err(|e| Error::connect(&e))?;
-                (client, tokio::spawn(async move { drop(connection.await) }))
-            }
-            (_, socket, _) => {
-                let (client, connection) = self
-                    .login
-                    .connect_raw(socket, NoTls)
-                    .await
-                    .map_err(|e| Error::connect(&e))?;
-                (client, tokio::spawn(async move { drop(connection.await) }))
-            }
-        };
+        let (socket, tls) = self.socket().await?;
+        let (client, connection) =
+            (self.login.connect_raw(socket, tls).await).map_err(|e| Error::connect(&e))?;
         let now = Instant::now();
         Ok(Conn {
             client,
-            task,
+            task: tokio::spawn(async move { drop(connection.await) }),
             prepared: Vec::new(),
             sent: now,
             answered: now,
         })
     }
 
-    fn describe_location(&self) -> String {
-        match &self.location {
-            Location::Host(host) => format!("{host}:{}", self.port),
-            Location::SocketDir(dir) => format!("{dir}/.s.PGSQL.{}", self.port),
-        }
-    }
-
-    /// A socket to the server, tuned (see the module doc).
-    async fn socket(&self) -> io::Result<Socket> {
-        match &self.location {
+    /// A tuned socket to the server, and its TLS (used only when the login
+    /// asks for it).
+    async fn socket(&self) -> Result<(Socket, Tls)> {
+        let (socket, host) = match &self.location {
             Location::SocketDir(dir) => {
                 let path = format!("{dir}/.s.PGSQL.{}", self.port);
-                Ok(Socket::Unix(UnixStream::connect(path).await?))
+                let socket = UnixStream::connect(&path).await;
+                (socket.map(Socket::Unix), path)
             }
-            Location::Host(host) => {
-                let mut last = None;
-                for addr in tokio::net::lookup_host((host.as_str(), self.port)).await? {
-                    match TcpStream::connect(addr).await {
-                        Ok(stream) => {
-                            tune(&stream)?;
-                            return Ok(Socket::Tcp(stream));
-                        }
-                        Err(e) => last = Some(e),
-                    }
-                }
-                Err(last.unwrap_or_else(|| {
-                    io::Error::new(io::ErrorKind::NotFound, "the host name has no address")
-                }))
-            }
-        }
+            Location::Host(host) => (tcp(host, self.port).await, format!("{host}:{}", self.port)),
+        };
+        let socket = socket.map_err(|e| Error::Connect(format!("{host}: {e}")))?;
+        let server = match &self.location {
+            Location::Host(host) => host.as_str(),
+            Location::SocketDir(_) => "localhost",
+        };
+        let tls = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
+        Ok((socket, tls.map_err(|never| match never {})?))
     }
 
     /// Asks the server to stop the statement running on the connection of
-    /// `token`, over a connection of its own, on a thread of its own: the
-    /// caller has already been answered, and the shared runtime runs only
-    /// while some call drives it. Bounded by the connect timeout. A
-    /// statement that has not reached the server cannot be cancelled; the
-    /// reset of its connection drops it instead (see the module doc).
+    /// `token`, over a connection of its own, on a thread of its own (the
+    /// caller has been answered, and the shared runtime runs only while a
+    /// call drives it); bounded by the connect timeout. A statement that has
+    /// not reached the server cannot be cancelled: the reset of its
+    /// connection drops it instead. No thread, no cancel: the statement ends
+    /// with the server's own limits, or when it sees its connection gone.
     pub fn cancel_in_background(&self, token: CancelToken) {
         let connector = self.clone();
-        let spawned = std::thread::Builder::new()
-            .name("phoenix_kit_agent_locks-cancel".into())
-            .spawn(move || {
-                let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                else {
-                    return;
-                };
+        let _ = std::thread::Builder::new().name("phoenix_kit_agent_locks-cancel".into()).spawn(
+            move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+                let Ok(runtime) = runtime else { return };
                 runtime.block_on(async {
                     let cancel = async {
-                        let socket = connector.socket().await.ok()?;
-                        match (&connector.tls, &connector.location) {
-                            (Some(tls), Location::Host(host)) => {
-                                let mut tls = tls.clone();
-                                let tls =
-                                    MakeTlsConnect::<Socket>::make_tls_connect(&mut tls, host)
-                                        .ok()?;
-                                token.cancel_query_raw(socket, tls).await.ok()
-                            }
-                            _ => token.cancel_query_raw(socket, NoTls).await.ok(),
-                        }
+                        let (socket, tls) = connector.socket().await.ok()?;
+                        token.cancel_query_raw(socket, tls).await.ok()
                     };
                     let _ = tokio::time::timeout(connector.timeout, cancel).await;
                 });
-            });
-        // No thread, no cancel: the statement ends with the server's own
-        // statement limits, or when it notices its connection is gone.
-        drop(spawned);
+            },
+        );
     }
+}
+
+/// The first address of `host` that accepts a connection, tuned.
+async fn tcp(host: &str, port: u16) -> io::Result<Socket> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "the host name has no address");
+    for addr in tokio::net::lookup_host((host, port)).await? {
+        match TcpStream::connect(addr).await {
+            Ok(stream) => {
+                tune(&stream)?;
+                return Ok(Socket::Tcp(stream));
+            }
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// Keepalive, `TCP_USER_TIMEOUT`, `SO_LINGER` 0 and no Nagle delay.
@@ -292,8 +278,8 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// The error to fail with instead of connecting, while a pause lasts.
-    /// The time left is rounded up: a refusal never says "0 ms".
+    /// The error to fail with instead of connecting, while a pause lasts
+    /// (the time left rounded up: never "0 ms").
     fn refusal(&self, now: Instant) -> Option<Error> {
         let retry_at = self.retry_at.filter(|at| *at > now)?;
         Some(Error::Connect(format!(
@@ -308,8 +294,9 @@ impl Backoff {
         let pause = BACKOFF_MIN
             .saturating_mul(1 << self.failures.saturating_sub(1).min(16))
             .min(BACKOFF_MAX);
-        let jitter = pause.mul_f64(f64::from(random_u32() % 250) / 1000.0);
-        self.retry_at = Some(now + pause - jitter);
+        // Jitter from the standard library's random hash keys.
+        let random = RandomState::new().build_hasher().finish() % 250;
+        self.retry_at = Some(now + pause - pause.mul_f64(random as f64 / 1000.0));
         self.last = Some(match err {
             Error::Connect(message) => message.clone(),
             other => other.to_string(),
@@ -318,57 +305,6 @@ impl Backoff {
 
     fn succeeded(&mut self) {
         *self = Backoff::default();
-    }
-}
-
-/// A random number for jitter, from the standard library's hash keys.
-fn random_u32() -> u32 {
-    (RandomState::new().build_hasher().finish() & u64::from(u32::MAX)) as u32
-}
-
-/// A TCP or Unix socket, as one type for tokio-postgres.
-pub(crate) enum Socket {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-impl AsyncRead for Socket {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        }
-    }
-}
-
-impl AsyncWrite for Socket {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Socket::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Socket::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
     }
 }
 
@@ -389,15 +325,9 @@ mod tests {
             pauses.push(backoff.retry_at.map(|at| at - start).unwrap_or_default());
         }
         // Each pause is its nominal length minus at most a quarter.
-        for (pause, nominal_ms) in pauses
-            .iter()
-            .zip([50, 100, 200, 400, 800, 1600, 2000, 2000])
-        {
+        for (pause, nominal_ms) in pauses.iter().zip([50, 100, 200, 400, 800, 1600, 2000, 2000]) {
             let nominal = Duration::from_millis(nominal_ms);
-            assert!(
-                *pause <= nominal && *pause >= nominal * 3 / 4,
-                "{pause:?} for {nominal:?}"
-            );
+            assert!(*pause <= nominal && *pause >= nominal * 3 / 4, "{pause:?} for {nominal:?}");
         }
         let message = backoff.refusal(start).map(|e| e.to_string());
         assert!(
@@ -407,13 +337,9 @@ mod tests {
         );
         assert!(backoff.refusal(start + BACKOFF_MAX).is_none());
         let last_moment = backoff.retry_at.map(|at| at - Duration::from_nanos(1));
-        let message = last_moment
-            .and_then(|now| backoff.refusal(now))
-            .map(|e| e.to_string());
+        let message = last_moment.and_then(|now| backoff.refusal(now)).map(|e| e.to_string());
         assert!(
-            message
-                .as_deref()
-                .is_some_and(|m| m.ends_with("(not retried for 1 ms)")),
+            message.as_deref().is_some_and(|m| m.ends_with("(not retried for 1 ms)")),
             "{message:?}"
         );
 
@@ -425,9 +351,7 @@ mod tests {
 
     #[tokio::test]
     async fn sockets_reset_on_close_and_probe_an_idle_peer() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("listen");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listen");
         let addr = listener.local_addr().expect("address");
         let stream = TcpStream::connect(addr).await.expect("connect");
         tune(&stream).expect("tuned");
@@ -435,10 +359,7 @@ mod tests {
         assert_eq!(socket.linger().ok(), Some(Some(Duration::ZERO)));
         assert_eq!(socket.keepalive().ok(), Some(true));
         assert_eq!(socket.tcp_keepalive_time().ok(), Some(KEEPALIVE_IDLE));
-        assert_eq!(
-            socket.tcp_keepalive_interval().ok(),
-            Some(KEEPALIVE_INTERVAL)
-        );
+        assert_eq!(socket.tcp_keepalive_interval().ok(), Some(KEEPALIVE_INTERVAL));
         assert_eq!(socket.tcp_keepalive_retries().ok(), Some(KEEPALIVE_RETRIES));
         #[cfg(target_os = "linux")]
         assert_eq!(socket.tcp_user_timeout().ok(), Some(Some(USER_TIMEOUT)));

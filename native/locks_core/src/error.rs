@@ -69,10 +69,7 @@ pub enum Error {
 
 impl Error {
     pub(crate) fn config(setting: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::Config {
-            setting: setting.into(),
-            reason: reason.into(),
-        }
+        Error::Config { setting: setting.into(), reason: reason.into() }
     }
 
     /// The SQLSTATE the server gave, if it gave one.
@@ -123,15 +120,9 @@ impl Error {
 /// administrator shut the server down or terminated the backend), `57P02`,
 /// `57P03`, and the like. The connection is gone with it.
 fn ends_session(db: &DbError) -> bool {
-    matches!(
-        db.parsed_severity(),
-        Some(Severity::Fatal | Severity::Panic)
-    ) || [
-        SqlState::ADMIN_SHUTDOWN,
-        SqlState::CRASH_SHUTDOWN,
-        SqlState::CANNOT_CONNECT_NOW,
-    ]
-    .contains(db.code())
+    matches!(db.parsed_severity(), Some(Severity::Fatal | Severity::Panic))
+        || [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN, SqlState::CANNOT_CONNECT_NOW]
+            .contains(db.code())
 }
 
 /// tokio-postgres' message with its cause appended (its Display leaves the

@@ -1,38 +1,22 @@
 //! The process-wide runtime and the installed [`LockPool`], for the NIF.
 //!
-//! A NIF call arrives on a dirty-I/O scheduler thread, outside any runtime,
-//! and [`block_on`] runs its future to completion on that thread. The runtime
-//! is a single *current-thread* runtime shared by every dirty-I/O thread: it
-//! has no worker threads of its own, and whichever thread is inside
-//! [`block_on`] drives it (its connection tasks, its I/O, its timers).
-//!
-//! Why not a multi-thread runtime: there, the connection tasks run on the
-//! runtime's workers, so every call crosses threads twice. The dirty thread
-//! hands its request to a worker (waking it), the worker writes it to the
-//! socket, waits for the answer and hands the rows back (waking the dirty
-//! thread). On a loaded machine each of those wake-ups costs more than the
-//! statement itself. With a current-thread runtime, a call that finds the
-//! runtime free drives it: its own thread writes the request, waits in
-//! `epoll` for the answer and reads it, as libpq would; no other thread is
-//! involved. While one thread drives the runtime, the others' connection
-//! tasks run on it too (tokio lets one thread at a time hold the runtime's
-//! core; the others wait for their answer or for the core, whichever comes
-//! first), and it is handed over when that thread's own call ends.
-//!
-//! One runtime per dirty thread is not possible: connections are pooled, and
-//! a connection's task belongs to the runtime it was spawned on, so a
-//! connection opened on one thread's runtime would never be driven while
-//! another thread used it.
+//! A NIF call arrives on a dirty-I/O scheduler thread and [`block_on`] runs
+//! its future there, on one *current-thread* runtime shared by every such
+//! thread: whichever thread is inside [`block_on`] drives it (the connection
+//! tasks, the I/O, the timers); the others wait for their answer or for the
+//! runtime, whichever comes first. So a call that finds the runtime free
+//! writes its request, waits in `epoll` and reads the answer on its own
+//! thread, as libpq would. A multi-thread runtime would move every call
+//! across threads twice, and on a loaded machine those wake-ups cost more
+//! than the statement. One runtime per thread cannot work: a pooled
+//! connection's task belongs to the runtime it was spawned on.
 //!
 //! Between calls nobody drives the runtime, so what happened meanwhile (a
-//! connection closed by the server, a task aborted by a closed pool) is
-//! caught up at the start of the next call, before it checks a connection out
-//! ([`block_on`]), and right after a pool is closed ([`stop`], [`start`]).
-//!
-//! The runtime lives for the whole VM: rustler supports no unloading, and a
-//! runtime dropped under a connection task would abort it. The pool, unlike
-//! the runtime, can be replaced: [`start`] installs one per application start
-//! and [`stop`] closes it.
+//! connection the server closed, a task a closed pool aborted) is caught up
+//! at the start of the next call ([`block_on`]) and right after a pool is
+//! closed. The runtime lives as long as the VM (rustler cannot unload, and a
+//! runtime dropped under a connection task would abort it); the pool is
+//! replaced by each [`start`] and closed by [`stop`].
 
 use std::future::Future;
 use std::sync::{Arc, RwLock};
@@ -44,8 +28,8 @@ use crate::error::{Error, Result};
 use crate::pool::LockPool;
 use crate::settings::Settings;
 
-/// The shared current-thread runtime (see the module doc): no threads of its
-/// own besides tokio's blocking pool, which only resolves host names.
+/// The shared runtime: no threads of its own but tokio's blocking pool,
+/// which only resolves host names.
 static RUNTIME: Lazy<std::result::Result<Runtime, String>> = Lazy::new(|| {
     tokio::runtime::Builder::new_current_thread()
         .thread_name("phoenix_kit_agent_locks")
@@ -57,17 +41,12 @@ static RUNTIME: Lazy<std::result::Result<Runtime, String>> = Lazy::new(|| {
 static CURRENT: RwLock<Option<Arc<LockPool>>> = RwLock::new(None);
 
 fn runtime() -> Result<&'static Runtime> {
-    RUNTIME
-        .as_ref()
-        .map_err(|e| Error::Connect(format!("cannot start the tokio runtime: {e}")))
+    RUNTIME.as_ref().map_err(|e| Error::Connect(format!("cannot start the tokio runtime: {e}")))
 }
 
-/// Runs `future` to completion on the calling thread, within the runtime.
-///
-/// First the runtime catches up on what happened since it was last driven,
-/// so that a connection the server closed in the meantime is known to be
-/// closed when the pool checks it out, and is replaced instead of failing the
-/// call (see [`catch_up`]).
+/// Runs `future` to completion on the calling thread, within the runtime,
+/// after catching up (so a connection the server closed meanwhile is
+/// replaced at checkout instead of failing the call).
 pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
     Ok(runtime()?.block_on(async {
         catch_up().await;
@@ -75,15 +54,11 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
     }))
 }
 
-/// Lets the runtime poll its I/O driver and run every task that became ready.
-///
-/// Each `yield_now` hands control back to the runtime, which wakes the caller
-/// only once it has run out of ready tasks *and* polled the I/O driver: the
-/// first yield collects the pending socket events (an end of file on an idle
-/// connection, say) and schedules their connection tasks, the second lets
-/// those tasks run, so a dead connection's client reports `is_closed()`.
-/// Costs two non-blocking `epoll_wait`s. When another thread holds the
-/// runtime, it is the one driving it, and the yields return at once.
+/// Lets the runtime poll its I/O driver and run every task that became
+/// ready: the first yield collects pending socket events (an end of file on
+/// an idle connection) and schedules their tasks, the second runs them, so
+/// a dead connection's client reports `is_closed()`. Two non-blocking
+/// `epoll_wait`s; at once when another thread drives the runtime.
 pub(crate) async fn catch_up() {
     tokio::task::yield_now().await;
     tokio::task::yield_now().await;
@@ -96,9 +71,7 @@ pub fn start(settings: Settings) -> Result<Arc<LockPool>> {
         Arc::new(LockPool::new(settings)?)
     };
     let previous = {
-        let mut current = CURRENT
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut current = CURRENT.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         current.replace(locks.clone())
     };
     if let Some(previous) = previous {
@@ -110,21 +83,16 @@ pub fn start(settings: Settings) -> Result<Arc<LockPool>> {
 /// Closes and uninstalls the pool; calls fail with [`Error::NotStarted`] until
 /// the next [`start`].
 pub fn stop() {
-    let previous = CURRENT
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take();
+    let previous = CURRENT.write().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
     if let Some(previous) = previous {
         close(&previous);
     }
 }
 
-/// Closes a pool, then drives the runtime once: closing aborts the idle
-/// connections' tasks, and only a driven runtime drops them and so closes
-/// their sockets. A connection still checked out is closed when its call
-/// ends, at the latest by the next call's [`catch_up`]. Not from inside
-/// another runtime (a test's, say), where blocking on this one would panic:
-/// the next call through [`block_on`] catches up instead.
+/// Closes a pool, then drives the runtime once, which drops the aborted
+/// idle connections' tasks and so closes their sockets (a connection still
+/// checked out closes when its call ends). Not inside another runtime (a
+/// test's), where blocking would panic: the next [`block_on`] catches up.
 fn close(locks: &LockPool) {
     locks.close();
     if tokio::runtime::Handle::try_current().is_err() {
@@ -136,9 +104,5 @@ fn close(locks: &LockPool) {
 
 /// The installed pool.
 pub fn current() -> Result<Arc<LockPool>> {
-    CURRENT
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .clone()
-        .ok_or(Error::NotStarted)
+    CURRENT.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone().ok_or(Error::NotStarted)
 }

@@ -6,10 +6,12 @@
 //! `admission.rs`). [`LockPool::run`](crate::LockPool::run) sends any job
 //! as its one statement; [`Job::answer`] reads the rows it returned.
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::outcome::{Acquire, AcquireUser, HeldLock};
 use crate::pool::{get, only};
+use crate::sql::{self, Def};
 use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 
 /// A lock call and its arguments, one variant per function of the Elixir API.
@@ -17,58 +19,25 @@ use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 #[allow(missing_docs)] // the fields: the Elixir function's arguments
 pub enum Job {
     /// Takes the chat's and the user's lock for `turn`, or neither (`sql::ACQUIRE`).
-    Acquire {
-        chat: Uuid,
-        user: Uuid,
-        turn: TurnRef,
-        ttl: Ttl,
-    },
+    Acquire { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
     /// Takes the user's lock alone for a click, dated back by `ttl - hold` (`sql::ACQUIRE_USER`).
-    AcquireUser {
-        user: Uuid,
-        click: ClickRef,
-        ttl: Ttl,
-        hold: Hold,
-    },
+    AcquireUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
     /// Whether the chat's lock is `turn`'s and not older than `ttl` (`sql::FRESH`).
     Fresh { chat: Uuid, turn: TurnRef, ttl: Ttl },
     /// Whether `turn` holds both locks (`sql::HELD`).
-    Held {
-        chat: Uuid,
-        user: Uuid,
-        turn: TurnRef,
-    },
+    Held { chat: Uuid, user: Uuid, turn: TurnRef },
     /// Re-dates both locks of `turn` while it holds both and neither is
     /// older than `ttl`; `true` when it did (`sql::KEEP`).
-    Keep {
-        chat: Uuid,
-        user: Uuid,
-        turn: TurnRef,
-        ttl: Ttl,
-    },
+    Keep { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
     /// Re-dates the click's lock as if taken now; `true` when `click` held it (`sql::KEEP_USER`).
-    KeepUser {
-        user: Uuid,
-        click: ClickRef,
-        ttl: Ttl,
-        hold: Hold,
-    },
+    KeepUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
     /// Every lock taken, oldest first, judged stale by `ttl` (`sql::HELD_LOCKS`).
     HeldLocks { ttl: Ttl },
     /// Frees whichever of the two locks `turn` still holds (`sql::RELEASE`).
-    Release {
-        chat: Uuid,
-        user: Uuid,
-        turn: TurnRef,
-    },
+    Release { chat: Uuid, user: Uuid, turn: TurnRef },
     /// Frees a lost turn's locks while the chat's is still its and older
     /// than `ttl`; `true` when this call freed it (`sql::RELEASE_STALE`).
-    ReleaseStale {
-        chat: Uuid,
-        user: Uuid,
-        turn: TurnRef,
-        ttl: Ttl,
-    },
+    ReleaseStale { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
     /// Frees the user's lock if `click` still holds it (`sql::RELEASE_USER`).
     ReleaseUser { user: Uuid, click: ClickRef },
 }
@@ -89,6 +58,39 @@ pub enum Answer {
 }
 
 impl Job {
+    /// The job's statement (`sql.rs`).
+    pub(crate) fn statement(&self) -> &'static Def {
+        match self {
+            Job::Acquire { .. } => &sql::ACQUIRE,
+            Job::AcquireUser { .. } => &sql::ACQUIRE_USER,
+            Job::Fresh { .. } => &sql::FRESH,
+            Job::Held { .. } => &sql::HELD,
+            Job::Keep { .. } => &sql::KEEP,
+            Job::KeepUser { .. } => &sql::KEEP_USER,
+            Job::HeldLocks { .. } => &sql::HELD_LOCKS,
+            Job::Release { .. } => &sql::RELEASE,
+            Job::ReleaseStale { .. } => &sql::RELEASE_STALE,
+            Job::ReleaseUser { .. } => &sql::RELEASE_USER,
+        }
+    }
+
+    /// The statement's parameters, in the order of its `$n`.
+    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        match self {
+            Job::Acquire { chat, user, turn, ttl }
+            | Job::Keep { chat, user, turn, ttl }
+            | Job::ReleaseStale { chat, user, turn, ttl } => vec![chat, user, &turn.0, &ttl.0],
+            Job::AcquireUser { user, click, ttl, hold }
+            | Job::KeepUser { user, click, ttl, hold } => vec![user, &click.0, &ttl.0, &hold.0],
+            Job::Held { chat, user, turn } | Job::Release { chat, user, turn } => {
+                vec![chat, user, &turn.0]
+            }
+            Job::Fresh { chat, turn, ttl } => vec![chat, &turn.0, &ttl.0],
+            Job::HeldLocks { ttl } => vec![&ttl.0],
+            Job::ReleaseUser { user, click } => vec![user, &click.0],
+        }
+    }
+
     /// The answer in the rows this job's statement returned.
     pub(crate) fn answer(&self, rows: &[Row]) -> Result<Answer> {
         Ok(match self {

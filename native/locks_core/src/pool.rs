@@ -14,7 +14,7 @@ use crate::job::{Answer, Job};
 
 use crate::schema::{self, Column, Tables};
 use crate::settings::{Prepare, Settings};
-use crate::sql::{self, Statement, Statements};
+use crate::sql::{self, Def, Statement, Statements};
 
 /// When a call must be answered by: its caller's start plus the checkout,
 /// connect and statement timeouts. The one deadline of a call; every wait of
@@ -29,10 +29,7 @@ impl Deadline {
     /// The deadline of a call its caller made at `started`.
     pub fn new(started: Instant, settings: &Settings) -> Self {
         let budget = settings.call_timeout();
-        Deadline {
-            at: started + budget,
-            budget,
-        }
+        Deadline { at: started + budget, budget }
     }
 
     /// The earlier of two deadlines.
@@ -90,18 +87,11 @@ impl LockPool {
     /// Builds the pool (reading the CA file of a verifying `sslmode`). Does not connect.
     pub fn new(settings: Settings) -> Result<Self> {
         let connector = Connector::new(&settings)?;
-        let pool = managed::Pool::builder(Manager {
-            connector: connector.clone(),
-        })
-        .max_size(settings.pool_size)
-        .build()
-        .map_err(|e| Error::config("pool_size", e.to_string()))?;
-        Ok(LockPool {
-            pool,
-            connector,
-            settings,
-            statements: OnceCell::new(),
-        })
+        let pool = managed::Pool::builder(Manager { connector: connector.clone() })
+            .max_size(settings.pool_size)
+            .build()
+            .map_err(|e| Error::config("pool_size", e.to_string()))?;
+        Ok(LockPool { pool, connector, settings, statements: OnceCell::new() })
     }
 
     /// The settings this pool was built from.
@@ -115,20 +105,22 @@ impl LockPool {
         self.pool.close();
     }
 
-    /// Runs the statement `pick` chooses with `params` on a pooled
-    /// connection, by `deadline`; its rows.
+    /// Runs the statement of `def` with `params` on a pooled connection, by
+    /// `deadline`; its rows.
     async fn query(
         &self,
         deadline: Deadline,
-        pick: fn(&Statements) -> &Statement,
+        def: &Def,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
         let mut held = None;
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = held.insert(self.checkout().await?);
             let statements = self.statements(conn).await?;
+            // Every job's statement is one of sql::LOCKS (the smoke test runs each).
+            let statement = statements.get(def).ok_or_else(|| unexpected(def.name.into()))?;
             loop {
-                match run(conn, self.settings.prepare, pick(&statements), params).await {
+                match run(conn, self.settings.prepare, statement, params).await {
                     Err(err) if err.is_retryable() => continue,
                     answer => return answer,
                 }
@@ -175,8 +167,7 @@ impl LockPool {
         let conn = Object::take(conn);
         let sent = conn.sent;
         if cancel {
-            self.connector
-                .cancel_in_background(conn.client.cancel_token());
+            self.connector.cancel_in_background(conn.client.cancel_token());
         }
         drop(conn);
         let _ = self.pool.retain(|idle, _| idle.answered > sent);
@@ -193,7 +184,7 @@ impl LockPool {
         let prefix = self.settings.prefix.as_deref();
         let (chats, users) = schema::table_names(prefix);
         let columns = Statement {
-            name: "columns",
+            name: sql::COLUMNS.name,
             text: sql::COLUMNS.text.to_owned(),
             params: sql::COLUMNS.params,
         };
@@ -217,77 +208,7 @@ impl LockPool {
     /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
     /// each one does, `sql.rs` for how); its answer.
     pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
-        let statement: fn(&Statements) -> &Statement = match job {
-            Job::Acquire { .. } => |s| &s.acquire,
-            Job::AcquireUser { .. } => |s| &s.acquire_user,
-            Job::Fresh { .. } => |s| &s.fresh,
-            Job::Held { .. } => |s| &s.held,
-            Job::Keep { .. } => |s| &s.keep,
-            Job::KeepUser { .. } => |s| &s.keep_user,
-            Job::HeldLocks { .. } => |s| &s.held_locks,
-            Job::Release { .. } => |s| &s.release,
-            Job::ReleaseStale { .. } => |s| &s.release_stale,
-            Job::ReleaseUser { .. } => |s| &s.release_user,
-        };
-        let rows = match job {
-            Job::Acquire {
-                chat,
-                user,
-                turn,
-                ttl,
-            }
-            | Job::Keep {
-                chat,
-                user,
-                turn,
-                ttl,
-            }
-            | Job::ReleaseStale {
-                chat,
-                user,
-                turn,
-                ttl,
-            } => {
-                self.query(
-                    deadline,
-                    statement,
-                    &[chat, user, &turn.as_str(), &ttl.seconds()],
-                )
-                .await?
-            }
-            Job::AcquireUser {
-                user,
-                click,
-                ttl,
-                hold,
-            }
-            | Job::KeepUser {
-                user,
-                click,
-                ttl,
-                hold,
-            } => {
-                self.query(
-                    deadline,
-                    statement,
-                    &[user, &click.as_str(), &ttl.seconds(), &hold.seconds()],
-                )
-                .await?
-            }
-            Job::Held { chat, user, turn } | Job::Release { chat, user, turn } => {
-                self.query(deadline, statement, &[chat, user, &turn.as_str()])
-                    .await?
-            }
-            Job::Fresh { chat, turn, ttl } => {
-                self.query(deadline, statement, &[chat, &turn.as_str(), &ttl.seconds()])
-                    .await?
-            }
-            Job::HeldLocks { ttl } => self.query(deadline, statement, &[&ttl.seconds()]).await?,
-            Job::ReleaseUser { user, click } => {
-                self.query(deadline, statement, &[user, &click.as_str()])
-                    .await?
-            }
-        };
+        let rows = self.query(deadline, job.statement(), &job.params()).await?;
         job.answer(&rows)
     }
 
@@ -301,10 +222,7 @@ impl LockPool {
     pub async fn run_ddl(&self, deadline: Deadline, ddl: &str) -> Result<()> {
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = self.checkout().await?;
-            conn.client
-                .batch_execute(ddl)
-                .await
-                .map_err(|e| Error::in_flight(&e))
+            conn.client.batch_execute(ddl).await.map_err(|e| Error::in_flight(&e))
         })
         .await;
         answer.unwrap_or(Err(Error::Timeout(deadline.budget)))
@@ -337,11 +255,7 @@ async fn send(
 ) -> Result<Vec<Row>> {
     let rows = match prepare {
         Prepare::Named => {
-            let prepared = match conn
-                .prepared
-                .iter()
-                .find(|(name, _)| *name == statement.name)
-            {
+            let prepared = match conn.prepared.iter().find(|(name, _)| *name == statement.name) {
                 Some((_, prepared)) => prepared.clone(),
                 None => {
                     let prepared = conn
@@ -371,10 +285,7 @@ async fn send(
 pub(crate) fn only(rows: &[Row]) -> Result<&Row> {
     match rows {
         [row] => Ok(row),
-        _ => Err(unexpected(format!(
-            "{} rows where one was expected",
-            rows.len()
-        ))),
+        _ => Err(unexpected(format!("{} rows where one was expected", rows.len()))),
     }
 }
 
@@ -386,8 +297,5 @@ pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
 /// An answer the statement should not have given: the tables are not what
 /// the statements were built for (they changed under a running pool).
 fn unexpected(reason: String) -> Error {
-    Error::config(
-        "tables",
-        format!("unexpected answer ({reason}); restart the application"),
-    )
+    Error::config("tables", format!("unexpected answer ({reason}); restart the application"))
 }

@@ -83,9 +83,7 @@ pub fn tables(prefix: Option<&str>) -> String {
 /// The DDL that adds only the lock columns to existing tables.
 pub fn lock_columns(prefix: Option<&str>) -> String {
     let (chats, users) = table_names(prefix);
-    LOCK_COLUMNS
-        .replace("{chats}", &chats)
-        .replace("{users}", &users)
+    LOCK_COLUMNS.replace("{chats}", &chats).replace("{users}", &users)
 }
 
 /// One column of either table, as the catalog describes it.
@@ -197,13 +195,7 @@ impl Tables {
             })?;
             user_fills.push((quote_ident(&column.name), fill));
         }
-        Ok(Tables {
-            chats,
-            users,
-            chat_now,
-            user_now,
-            user_fills,
-        })
+        Ok(Tables { chats, users, chat_now, user_now, user_fills })
     }
 }
 
@@ -218,13 +210,7 @@ pub(crate) mod tests {
         not_null: bool,
         has_default: bool,
     ) -> Column {
-        Column {
-            chats,
-            name: name.into(),
-            type_name: type_name.into(),
-            not_null,
-            has_default,
-        }
+        Column { chats, name: name.into(), type_name: type_name.into(), not_null, has_default }
     }
 
     /// The shipped tables, as the catalog describes them.
@@ -299,9 +285,7 @@ pub(crate) mod tests {
     fn a_column_the_library_cannot_fill_is_named_with_the_fix() {
         let mut columns = shipped();
         columns.push(column(false, "locale", "text", true, false));
-        let err = Tables::from_columns(None, &columns)
-            .err()
-            .map(|e| e.to_string());
+        let err = Tables::from_columns(None, &columns).err().map(|e| e.to_string());
         assert_eq!(
             err.as_deref(),
             Some(
@@ -317,9 +301,7 @@ pub(crate) mod tests {
     fn missing_lock_columns_and_odd_types_are_named() {
         let mut columns = shipped();
         columns.retain(|c| !(c.chats && c.name == "busy_turn_ref"));
-        let err = Tables::from_columns(None, &columns)
-            .err()
-            .map(|e| e.to_string());
+        let err = Tables::from_columns(None, &columns).err().map(|e| e.to_string());
         assert!(
             err.as_deref().is_some_and(|e| e.starts_with(
                 "invalid configuration: phoenix_kit_agent_conversations: has no column busy_turn_ref"
@@ -329,9 +311,7 @@ pub(crate) mod tests {
 
         let mut columns = shipped();
         columns[4].type_name = "date".into();
-        let err = Tables::from_columns(None, &columns)
-            .err()
-            .map(|e| e.to_string());
+        let err = Tables::from_columns(None, &columns).err().map(|e| e.to_string());
         assert_eq!(
             err.as_deref(),
             Some(

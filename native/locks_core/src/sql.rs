@@ -41,9 +41,11 @@ use tokio_postgres::types::Type;
 
 use crate::schema::Tables;
 
-/// A statement's text (with placeholders) and the types of its parameters.
+/// A statement: its name (the Elixir function that runs it, and the key of
+/// its prepared statement), its text with placeholders, its parameters' types.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Def {
+    pub name: &'static str,
     pub text: &'static str,
     pub params: &'static [Type],
 }
@@ -69,6 +71,7 @@ pub(crate) struct Def {
 /// Returns one row: `acquired` (both taken) and `user_holder` (NULL when the
 /// chat was busy and the user row was never touched).
 pub(crate) const ACQUIRE: Def = Def {
+    name: "acquire",
     text: "
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
@@ -113,6 +116,7 @@ SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user
 /// `RETURNING` names the current holder, even one newer than the snapshot.
 /// Returns one row: the holder.
 pub(crate) const ACQUIRE_USER: Def = Def {
+    name: "acquire_user",
     text: "
 INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
 VALUES ($1::uuid, {user_now} - ($3::int4 - $4::int4) * interval '1 second', $2::text{fill_values})
@@ -135,6 +139,7 @@ RETURNING u.busy_turn_ref AS holder",
 /// the take-over predicate (`busy_since < now() - ttl`): a fresh lock cannot
 /// be taken over, a lock that is not fresh can. Returns one row: the answer.
 pub(crate) const FRESH: Def = Def {
+    name: "fresh?",
     text: "
 SELECT EXISTS (
   SELECT 1 FROM {chats}
@@ -149,6 +154,7 @@ SELECT EXISTS (
 /// Both rows are read from one snapshot, so the answer is true of one
 /// moment. Returns one row: the answer.
 pub(crate) const HELD: Def = Def {
+    name: "held?",
     text: "
 SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $3::text)
    AND EXISTS (SELECT 1 FROM {users} WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text)",
@@ -160,6 +166,7 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 /// `$1` user uuid, `$2` click ref, `$3` TTL, `$4` hold. Returns a row when
 /// the click held it (`true`), none when it had been released or taken over.
 pub(crate) const KEEP_USER: Def = Def {
+    name: "keep_user",
     text: "
 UPDATE {users} SET busy_since = {user_now} - ($3::int4 - $4::int4) * interval '1 second'
 WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text
@@ -177,6 +184,7 @@ RETURNING 1",
 /// newest versions, and the two updates run only when both rows qualified,
 /// so both are re-dated or neither. Returns one row: whether they were.
 pub(crate) const KEEP: Def = Def {
+    name: "keep",
     text: "
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
@@ -212,6 +220,7 @@ SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)",
 /// user row's update waits for the chat row's (the `(SELECT count(*) FROM
 /// chat)` term) to keep the chat-then-user lock order. Returns no rows.
 pub(crate) const RELEASE: Def = Def {
+    name: "release",
     text: "
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
@@ -233,6 +242,7 @@ WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
 /// user's lock goes in the same statement, only if this call freed the chat
 /// and `$3` still holds it. Returns one row: `released`.
 pub(crate) const RELEASE_STALE: Def = Def {
+    name: "release_stale",
     text: "
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
@@ -252,6 +262,7 @@ SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS us
 
 /// Frees the user's lock if `$2` still holds it. `$1` user uuid. Returns no rows.
 pub(crate) const RELEASE_USER: Def = Def {
+    name: "release_user",
     text: "
 UPDATE {users} SET busy_since = NULL, busy_turn_ref = NULL
 WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
@@ -267,6 +278,7 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// microseconds since the Unix epoch (a naive `busy_since` holds UTC); `age`
 /// is seconds by the database's clock. A read: it changes nothing.
 pub(crate) const HELD_LOCKS: Def = Def {
+    name: "held_locks",
     text: "
 SELECT * FROM (
   SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
@@ -294,6 +306,7 @@ LIMIT 1000",
 /// way (`search_path` and all). A table that does not exist fails the cast
 /// with 42P01, as any lock statement would.
 pub(crate) const COLUMNS: Def = Def {
+    name: "columns",
     text: "
 SELECT a.attrelid = $1::text::regclass AS chats, a.attname::text AS name,
        t.typname::text AS type_name, a.attnotnull AS not_null,
@@ -305,87 +318,63 @@ ORDER BY a.attrelid, a.attnum",
     params: &[Type::TEXT, Type::TEXT],
 };
 
+/// The lock statements, one per job.
+pub(crate) const LOCKS: [&Def; 10] = [
+    &ACQUIRE,
+    &ACQUIRE_USER,
+    &FRESH,
+    &HELD,
+    &KEEP,
+    &KEEP_USER,
+    &HELD_LOCKS,
+    &RELEASE,
+    &RELEASE_STALE,
+    &RELEASE_USER,
+];
+
 /// A statement ready to run on a pool's connections.
 #[derive(Clone, Debug)]
 pub(crate) struct Statement {
-    /// The Elixir function that runs it; the key of its prepared statement.
     pub name: &'static str,
     pub text: String,
     pub params: &'static [Type],
 }
 
-/// The lock statements with every placeholder filled in, built once per pool.
-///
-/// The texts are also the keys of each connection's prepared statements, so
-/// building them once keeps each statement to one `PREPARE` per connection.
-#[derive(Clone, Debug)]
-pub(crate) struct Statements {
-    pub acquire: Statement,
-    pub acquire_user: Statement,
-    pub fresh: Statement,
-    pub held: Statement,
-    pub keep: Statement,
-    pub keep_user: Statement,
-    pub held_locks: Statement,
-    pub release: Statement,
-    pub release_stale: Statement,
-    pub release_user: Statement,
-}
-
-impl Statements {
-    /// Fills the placeholders in for `tables`.
-    pub fn new(tables: &Tables) -> Self {
-        let fill_columns: String = tables
-            .user_fills
-            .iter()
-            .map(|(column, _)| format!(", {column}"))
-            .collect();
-        let fill_values: String = tables
-            .user_fills
-            .iter()
-            .map(|(_, value)| format!(", {value}"))
-            .collect();
-        let fill = |name: &'static str, def: Def| Statement {
-            name,
-            text: def
+impl Def {
+    /// The statement with the placeholders filled in for `tables`.
+    pub fn fill(&self, tables: &Tables) -> Statement {
+        let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
+            tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
+        };
+        Statement {
+            name: self.name,
+            text: self
                 .text
                 .replace("{chats}", &tables.chats)
                 .replace("{users}", &tables.users)
                 .replace("{chat_now}", tables.chat_now)
                 .replace("{user_now}", tables.user_now)
-                .replace("{fill_columns}", &fill_columns)
-                .replace("{fill_values}", &fill_values),
-            params: def.params,
-        };
-        Statements {
-            acquire: fill("acquire", ACQUIRE),
-            acquire_user: fill("acquire_user", ACQUIRE_USER),
-            fresh: fill("fresh?", FRESH),
-            held: fill("held?", HELD),
-            keep: fill("keep", KEEP),
-            keep_user: fill("keep_user", KEEP_USER),
-            held_locks: fill("held_locks", HELD_LOCKS),
-            release: fill("release", RELEASE),
-            release_stale: fill("release_stale", RELEASE_STALE),
-            release_user: fill("release_user", RELEASE_USER),
+                .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
+                .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned())),
+            params: self.params,
         }
     }
+}
 
-    /// Every statement.
-    #[cfg(test)]
-    pub fn all(&self) -> [&Statement; 10] {
-        [
-            &self.acquire,
-            &self.acquire_user,
-            &self.fresh,
-            &self.held,
-            &self.keep,
-            &self.keep_user,
-            &self.held_locks,
-            &self.release,
-            &self.release_stale,
-            &self.release_user,
-        ]
+/// The lock statements of a pool, filled in once (the texts are also the
+/// keys of each connection's prepared statements).
+#[derive(Clone, Debug)]
+pub(crate) struct Statements(Vec<Statement>);
+
+impl Statements {
+    /// Fills the placeholders in for `tables`.
+    pub fn new(tables: &Tables) -> Self {
+        Statements(LOCKS.iter().map(|def| def.fill(tables)).collect())
+    }
+
+    /// The statement of `def`, one of [`LOCKS`].
+    pub fn get(&self, def: &Def) -> Option<&Statement> {
+        self.0.iter().find(|statement| statement.name == def.name)
     }
 }
 
@@ -401,35 +390,28 @@ mod tests {
     #[test]
     fn every_placeholder_is_filled_in() {
         for prefix in [None, Some("phoenix_kit")] {
-            for statement in statements(prefix).all() {
+            for statement in &statements(prefix).0 {
                 assert!(!statement.text.contains('{'), "{statement:?}");
             }
         }
-        assert!(statements(Some("phoenix_kit"))
-            .acquire
-            .text
-            .contains("\"phoenix_kit\".phoenix_kit_agent_conversations"));
+        let acquire = statements(Some("phoenix_kit")).get(&ACQUIRE).cloned();
+        assert!(acquire
+            .is_some_and(|s| s.text.contains("\"phoenix_kit\".phoenix_kit_agent_conversations")));
     }
 
     #[test]
     fn every_parameter_has_its_type() {
-        for statement in statements(None).all() {
-            let used = (1..=9)
-                .filter(|n| statement.text.contains(&format!("${n}")))
-                .count();
+        for statement in &statements(None).0 {
+            let used = (1..=9).filter(|n| statement.text.contains(&format!("${n}"))).count();
             assert_eq!(used, statement.params.len(), "{}", statement.name);
         }
     }
 
     #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
-        for statement in statements(None).all() {
+        for statement in &statements(None).0 {
             assert!(!statement.text.contains("updated_at"), "{}", statement.name);
-            assert!(
-                !statement.text.contains("clock_timestamp"),
-                "{}",
-                statement.name
-            );
+            assert!(!statement.text.contains("clock_timestamp"), "{}", statement.name);
         }
     }
 
@@ -439,13 +421,10 @@ mod tests {
             user_fills: vec![("\"updated_at\"".into(), "now()")],
             ..Tables::from_columns(None, &shipped()).expect("shipped tables")
         };
-        let statements = Statements::new(&tables);
-        for statement in [&statements.acquire, &statements.acquire_user] {
+        for def in [ACQUIRE, ACQUIRE_USER] {
+            let statement = def.fill(&tables);
             let (insert, update) = statement.text.split_once("ON CONFLICT").expect("an upsert");
-            assert!(
-                insert.contains("busy_turn_ref, \"updated_at\")"),
-                "{insert}"
-            );
+            assert!(insert.contains("busy_turn_ref, \"updated_at\")"), "{insert}");
             assert!(!update.contains("updated_at"), "{update}");
         }
     }

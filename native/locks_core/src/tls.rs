@@ -46,10 +46,7 @@ pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRust
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::config("sslmode", e.to_string()))?;
     let lenient = |chain| {
-        let verifier = Lenient {
-            provider: provider.clone(),
-            chain,
-        };
+        let verifier = Lenient { provider: provider.clone(), chain };
         builder
             .clone()
             .dangerous()
@@ -58,10 +55,9 @@ pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRust
     };
     let client =
         match (mode, roots) {
-            (SslMode::VerifyFull, Some(roots)) => builder
-                .clone()
-                .with_root_certificates(roots)
-                .with_no_client_auth(),
+            (SslMode::VerifyFull, Some(roots)) => {
+                builder.clone().with_root_certificates(roots).with_no_client_auth()
+            }
             (SslMode::VerifyCa, Some(roots)) => {
                 let webpki =
                     WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
@@ -159,9 +155,7 @@ impl ServerCertVerifier for Lenient {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.provider.signature_verification_algorithms.supported_schemes()
     }
 }
 

@@ -20,9 +20,7 @@ fn rand_bytes() -> [u8; 16] {
     use std::hash::{BuildHasher, Hasher};
     let mut bytes = [0u8; 16];
     for half in bytes.chunks_mut(8) {
-        let random = std::collections::hash_map::RandomState::new()
-            .build_hasher()
-            .finish();
+        let random = std::collections::hash_map::RandomState::new().build_hasher().finish();
         half.copy_from_slice(&random.to_le_bytes());
     }
     bytes
@@ -47,10 +45,8 @@ async fn every_call(prepare: Prepare) {
     let (chat, other_chat, user) = (uuid(1), uuid(2), uuid(3));
     insert_chat(&pool, &chat).await;
     insert_chat(&pool, &other_chat).await;
-    let (ttl, hold) = (
-        Ttl::new(60).expect("ttl"),
-        Hold::new(10, Ttl::new(60).expect("ttl")).expect("hold"),
-    );
+    let (ttl, hold) =
+        (Ttl::new(60).expect("ttl"), Hold::new(10, Ttl::new(60).expect("ttl")).expect("hold"));
     let turn = TurnRef::new("smoke-turn").expect("a turn ref");
     let other = TurnRef::new("smoke-other").expect("a turn ref");
     let click = ClickRef::new("click:smoke").expect("a click ref");
@@ -66,36 +62,15 @@ async fn every_call(prepare: Prepare) {
         ttl,
     };
     let (held, fresh) = (
-        Job::Held {
-            chat,
-            user,
-            turn: turn.clone(),
-        },
-        Job::Fresh {
-            chat,
-            turn: turn.clone(),
-            ttl,
-        },
+        Job::Held { chat, user, turn: turn.clone() },
+        Job::Fresh { chat, turn: turn.clone(), ttl },
     );
     let (acquire_user, keep_user) = (
-        Job::AcquireUser {
-            user,
-            click: click.clone(),
-            ttl,
-            hold,
-        },
-        Job::KeepUser {
-            user,
-            click: click.clone(),
-            ttl,
-            hold,
-        },
+        Job::AcquireUser { user, click: click.clone(), ttl, hold },
+        Job::KeepUser { user, click: click.clone(), ttl, hold },
     );
 
-    assert_eq!(
-        run(acquire(chat, user, &turn)).await,
-        Some(Answer::Acquire(Acquire::Acquired))
-    );
+    assert_eq!(run(acquire(chat, user, &turn)).await, Some(Answer::Acquire(Acquire::Acquired)));
     assert_eq!(
         run(acquire(chat, uuid(4), &other)).await,
         Some(Answer::Acquire(Acquire::ConversationBusy))
@@ -106,37 +81,22 @@ async fn every_call(prepare: Prepare) {
     );
     assert_eq!(run(held.clone()).await, Some(Answer::Yes(true)));
     assert_eq!(run(fresh).await, Some(Answer::Yes(true)));
-    let release_stale = Job::ReleaseStale {
-        chat,
-        user,
-        turn: turn.clone(),
-        ttl,
-    };
+    let release_stale = Job::ReleaseStale { chat, user, turn: turn.clone(), ttl };
     assert_eq!(run(release_stale).await, Some(Answer::Yes(false)));
     assert_eq!(
         run(acquire_user.clone()).await,
         Some(Answer::AcquireUser(AcquireUser::TurnInFlight))
     );
-    let release = Job::Release {
-        chat,
-        user,
-        turn: turn.clone(),
-    };
+    let release = Job::Release { chat, user, turn: turn.clone() };
     assert_eq!(run(release).await, Some(Answer::Done));
     assert_eq!(run(held).await, Some(Answer::Yes(false)));
-    assert_eq!(
-        run(acquire_user).await,
-        Some(Answer::AcquireUser(AcquireUser::Acquired))
-    );
+    assert_eq!(run(acquire_user).await, Some(Answer::AcquireUser(AcquireUser::Acquired)));
     assert_eq!(
         run(acquire(other_chat, user, &other)).await,
         Some(Answer::Acquire(Acquire::ClickInFlight))
     );
     assert_eq!(run(keep_user.clone()).await, Some(Answer::Yes(true)));
-    let release_user = Job::ReleaseUser {
-        user,
-        click: click.clone(),
-    };
+    let release_user = Job::ReleaseUser { user, click: click.clone() };
     assert_eq!(run(release_user).await, Some(Answer::Done));
     assert_eq!(run(keep_user).await, Some(Answer::Yes(false)));
 }

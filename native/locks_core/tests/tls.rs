@@ -42,9 +42,7 @@ fn root() -> PathBuf {
 
 /// Runs `program` and returns its stdout; panics with its output on failure.
 fn run(command: &mut Command) -> String {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
+    let out = command.output().unwrap_or_else(|e| panic!("cannot run {command:?}: {e}"));
     assert!(
         out.status.success(),
         "{command:?} failed: {}{}",
@@ -90,17 +88,8 @@ fn pg_bin() -> PathBuf {
 fn make_certificates(dir: &Path) {
     fs::create_dir_all(dir).expect("certificate directory");
     let openssl = |args: &[&str]| run(Command::new("openssl").current_dir(dir).args(args));
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    for (name, subject) in [
-        ("ca", "/CN=locks test CA"),
-        ("wrong-ca", "/CN=locks wrong CA"),
-    ] {
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"];
+    for (name, subject) in [("ca", "/CN=locks test CA"), ("wrong-ca", "/CN=locks wrong CA")] {
         let (key, crt) = (format!("{name}.key"), format!("{name}.crt"));
         let mut args = vec!["req", "-x509", "-days", "3650", "-subj", subject];
         args.extend(ec);
@@ -145,9 +134,8 @@ fn cluster() -> &'static Cluster {
         let root = root();
         let dir = root.join("_build/pg-tls");
         let start = || {
-            let out = run(Command::new(root.join("scripts/pg"))
-                .arg("start")
-                .env("LOCKS_PG_DIR", &dir));
+            let out =
+                run(Command::new(root.join("scripts/pg")).arg("start").env("LOCKS_PG_DIR", &dir));
             out.split('\'')
                 .nth(1)
                 .unwrap_or_else(|| panic!("scripts/pg printed no URL: {out}"))
@@ -162,13 +150,9 @@ fn cluster() -> &'static Cluster {
         if !certs.join("ready").exists() {
             make_certificates(&certs);
             if is_root() {
-                run(Command::new("chown")
-                    .args(["-R", "postgres:postgres"])
-                    .arg(&certs));
+                run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&certs));
             }
-            run(Command::new("chmod")
-                .arg("600")
-                .arg(certs.join("server.key")));
+            run(Command::new("chmod").arg("600").arg(certs.join("server.key")));
             // The TLS block goes last, replacing one a run that stopped
             // half-way wrote; the pg_hba edit is skipped when made already.
             let conf = data.join("postgresql.conf");
@@ -231,11 +215,7 @@ fn cluster() -> &'static Cluster {
 
 /// Settings for `url` in `mode`, trusting `ca_file`.
 fn with(url: &str, mode: SslMode, ca_file: Option<String>) -> Settings {
-    Settings {
-        sslmode: mode,
-        ssl_ca_file: ca_file,
-        ..common::settings(url)
-    }
+    Settings { sslmode: mode, ssl_ca_file: ca_file, ..common::settings(url) }
 }
 
 /// The same settings, reaching the server by another name.
@@ -250,11 +230,7 @@ async fn call(settings: Settings) -> Result<bool, Error> {
     let pool = LockPool::new(settings.clone())?;
     let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
     let turn = TurnRef::new("turn-tls").expect("a turn ref");
-    let job = Job::Held {
-        chat: id,
-        user: id,
-        turn,
-    };
+    let job = Job::Held { chat: id, user: id, turn };
     match pool.run(common::now(&settings), &job).await? {
         Answer::Yes(held) => Ok(held),
         other => panic!("held answered {other:?}"),
@@ -265,11 +241,7 @@ async fn call(settings: Settings) -> Result<bool, Error> {
 async fn require_and_prefer_encrypt_without_checking_the_certificate() {
     let cluster = cluster();
     for mode in [SslMode::Require, SslMode::Prefer] {
-        assert_eq!(
-            call(with(&cluster.url, mode, None)).await.ok(),
-            Some(false),
-            "{mode:?}"
-        );
+        assert_eq!(call(with(&cluster.url, mode, None)).await.ok(), Some(false), "{mode:?}");
     }
 }
 
@@ -286,10 +258,8 @@ async fn disable_is_refused_by_this_server_so_success_above_means_tls() {
 #[tokio::test]
 async fn verify_full_with_the_right_ca_and_name_succeeds() {
     let cluster = cluster();
-    let settings = at_host(
-        with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())),
-        "localhost",
-    );
+    let settings =
+        at_host(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())), "localhost");
     assert_eq!(call(settings).await.ok(), Some(false));
 }
 
@@ -297,10 +267,7 @@ async fn verify_full_with_the_right_ca_and_name_succeeds() {
 async fn a_wrong_ca_fails_naming_the_certificate() {
     let cluster = cluster();
     for mode in [SslMode::VerifyFull, SslMode::VerifyCa] {
-        let settings = at_host(
-            with(&cluster.url, mode, Some(cluster.wrong_ca())),
-            "localhost",
-        );
+        let settings = at_host(with(&cluster.url, mode, Some(cluster.wrong_ca())), "localhost");
         let err = call(settings).await.expect_err("an unknown issuer");
         assert!(matches!(err, Error::Connect(_)), "{err:?}");
         assert_eq!(
@@ -316,14 +283,8 @@ async fn a_wrong_ca_fails_naming_the_certificate() {
 async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     let cluster = cluster();
     // The same server, reached as an address its certificate is not for.
-    let full = at_host(
-        with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())),
-        "127.0.0.1",
-    );
-    let err = call(full)
-        .await
-        .expect_err("a certificate for another name")
-        .to_string();
+    let full = at_host(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())), "127.0.0.1");
+    let err = call(full).await.expect_err("a certificate for another name").to_string();
     assert_eq!(
         err,
         "database connection failed: error performing TLS handshake: invalid peer certificate: \
@@ -331,9 +292,6 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
          DnsName(\"localhost\")"
     );
 
-    let ca_only = at_host(
-        with(&cluster.url, SslMode::VerifyCa, Some(cluster.ca())),
-        "127.0.0.1",
-    );
+    let ca_only = at_host(with(&cluster.url, SslMode::VerifyCa, Some(cluster.ca())), "127.0.0.1");
     assert_eq!(call(ca_only).await.ok(), Some(false));
 }

@@ -40,10 +40,7 @@ struct Named<T>(T);
 
 impl<'a, T: FromStr + 'a> Decoder<'a> for Named<T> {
     fn decode(term: Term<'a>) -> NifResult<Self> {
-        term.atom_to_string()?
-            .parse()
-            .map(Named)
-            .map_err(|_| rustler::Error::BadArg)
+        term.atom_to_string()?.parse().map(Named).map_err(|_| rustler::Error::BadArg)
     }
 }
 
@@ -51,10 +48,8 @@ impl Config {
     /// The core's settings; a port no socket can have is a bad argument.
     fn settings(self) -> NifResult<Settings> {
         let c = self;
-        let port = u16::try_from(c.port)
-            .ok()
-            .filter(|port| *port > 0)
-            .ok_or(rustler::Error::BadArg)?;
+        let port =
+            u16::try_from(c.port).ok().filter(|port| *port > 0).ok_or(rustler::Error::BadArg)?;
         Ok(Settings {
             // A socket directory wins over a host name, as in Postgrex.
             location: match (c.socket_dir, c.hostname) {
@@ -117,9 +112,7 @@ fn setup(kind: Atom) -> NifResult<Atom> {
     let pool = global::current().map_err(raise)?;
     let ddl = ddl_text(kind, pool.settings().prefix.as_deref())?;
     let deadline = Deadline::new(Instant::now(), pool.settings());
-    global::block_on(pool.run_ddl(deadline, &ddl))
-        .map_err(raise)?
-        .map_err(raise)?;
+    global::block_on(pool.run_ddl(deadline, &ddl)).map_err(raise)?.map_err(raise)?;
     Ok(atoms::ok())
 }
 

@@ -1,45 +1,34 @@
 //! How one lock call runs: its turn at the gate, its deadline, the pool.
 //!
 //! A call is at most two NIF calls. `admit/3`, on a normal scheduler, asks
-//! the [`Gate`] for a turn; a caller that gets one (`token`) runs its call
-//! with `run/4`, on a dirty-I/O scheduler: the token becomes a permit
-//! ([`Call::enter`]), the job its answer. A caller that must wait gets a
-//! ticket, leaves its job with the gate, and waits in Elixir (a `receive`,
-//! on a normal scheduler) for one of these messages, tagged
+//! the [`Gate`] for a turn; with one (`token`) the caller runs its job with
+//! `run/4` on a dirty-I/O scheduler. A caller that must wait leaves its job
+//! with the gate and waits in Elixir (a `receive`) for a message tagged
 //! `{:phoenix_kit_agent_locks, ticket, _}`:
 //!
+//! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`;
 //! * `{:done, answer}` or `{:raise, exception}`: a call that finished in its
-//!   turn ran this job too ([`Call::serve`]), up to [`SERVE_AT_MOST`] of
-//!   them after its own, as long as each got an answer: the turn goes from
-//!   job to job on the same dirty thread, and its connection is never idle
-//!   waiting for a woken process to be scheduled. The answers are kept here
-//!   and sent by [`deliver`], on a normal scheduler: by the call that ran
-//!   them as soon as it is back there (`run/4` tells it to, and it calls
-//!   `deliver/0`), or else, if its process was killed meanwhile, by the
-//!   next `admit/3` or `leave/2` of any caller, at the latest by the
-//!   waiter's own `leave/2`, or by its `deliver/0` when its wait for the
-//!   answer ends. Not from the dirty thread: a message allocated there comes
-//!   from the VM's allocator instance for threads that are not schedulers,
-//!   and the normal scheduler that frees it must wake the VM's aux thread to
-//!   hand the memory back (at 50 callers, ~10 µs of CPU a call);
-//! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`.
+//!   turn ran this job too ([`Call::serve`], up to [`SERVE_AT_MOST`] after
+//!   its own): the turn goes from job to job on one dirty thread and its
+//!   connection is never idle waiting for a woken process. The answers are
+//!   kept and sent by [`deliver`] from a normal scheduler: by the serving
+//!   caller once back there (`run/4` tells it to), else, if it was killed,
+//!   by the next `admit/3` or `leave/2` of anyone, at the latest by the
+//!   waiter's own `leave/2` or `deliver/0`. Not from the dirty thread: a
+//!   message allocated there must be freed through the VM's aux thread
+//!   (~10 µs of CPU a call at 50 callers).
 //!
-//! At its checkout deadline it gives up with `leave/2`, which takes it out
-//! of the queue (`:pool_timeout`), or tells it its job ran or is running
-//! and its answer is not sent yet (`{:served, wait_ms}`). The turn goes
-//! back, and the next waiter is sent one, when [`Call`] is dropped, whatever
-//! the call's outcome. A dirty NIF always runs to its end, even when its
-//! process is killed meanwhile, so no turn is ever lost.
+//! At its checkout deadline a waiter gives up with `leave/2`: out of the
+//! queue (`:pool_timeout`), or told its job ran or runs (`{:served,
+//! wait_ms}`). A turn goes back, and the next waiter gets it, when [`Call`]
+//! drops, whatever the outcome; a dirty NIF runs to its end even when its
+//! process is killed, so no turn is lost. Turns are handed while the gate is
+//! locked and kept answers sent while they are locked: a caller that gives
+//! up finds whatever was meant for it in its mailbox, and nothing later.
 //!
-//! Turns are handed while the gate is locked ([`Callers`]), and kept answers
-//! sent while they are locked ([`send_answers`]): a caller that gives up
-//! finds whatever was meant for it in its mailbox, and nothing comes later.
-//!
-//! Every time is the Erlang monotonic clock in nanoseconds
-//! (`System.monotonic_time(:nanosecond)`, `enif_monotonic_time` here): the
-//! caller stamps the call once, before it queues anywhere, and that stamp is
-//! the start of the call's one deadline (`locks_core::Deadline`), wherever
-//! its job runs. No wall clock is involved, so a clock step changes nothing.
+//! Times are the Erlang monotonic clock in nanoseconds: the caller stamps
+//! the call once, before it queues, and that stamp starts the call's one
+//! deadline (`locks_core::Deadline`) wherever its job runs.
 
 use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
 use std::time::{Duration, Instant};
@@ -77,9 +66,7 @@ struct Answered {
 static ANSWERED: Mutex<Vec<Answered>> = Mutex::new(Vec::new());
 
 fn answered() -> MutexGuard<'static, Vec<Answered>> {
-    ANSWERED
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    ANSWERED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A served job's answer, kept for [`deliver`] when dropped: also if the
@@ -95,15 +82,9 @@ struct Kept {
 impl Drop for Kept {
     fn drop(&mut self) {
         let answer = self.answer.take().unwrap_or_else(|| {
-            Err(Error::Disconnected(
-                "the call that ran this one stopped before its answer".into(),
-            ))
+            Err(Error::Disconnected("the call that ran this one stopped before its answer".into()))
         });
-        answered().push(Answered {
-            pid: self.pid,
-            ticket: self.ticket,
-            answer,
-        });
+        answered().push(Answered { pid: self.pid, ticket: self.ticket, answer });
     }
 }
 
@@ -132,12 +113,7 @@ fn send_answers_from(env: Env<'_>, mut answers: MutexGuard<'_, Vec<Answered>>) {
         return;
     }
     let mut tickets = Vec::with_capacity(answers.len());
-    for Answered {
-        pid,
-        ticket,
-        answer,
-    } in answers.drain(..)
-    {
+    for Answered { pid, ticket, answer } in answers.drain(..) {
         let reply = match answer {
             Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
             Err(err) => (atoms::raise(), exception(err)).encode(env),
@@ -173,9 +149,7 @@ fn nanos(duration: Duration) -> i64 {
 /// since the stamp is carried over; a stamp from the future counts as now.
 fn deadline(start: i64, now: i64, settings: &Settings) -> Deadline {
     let waited = Duration::from_nanos(u64::try_from(now.saturating_sub(start)).unwrap_or(0));
-    let started = Instant::now()
-        .checked_sub(waited)
-        .unwrap_or_else(Instant::now);
+    let started = Instant::now().checked_sub(waited).unwrap_or_else(Instant::now);
     Deadline::new(started, settings)
 }
 
@@ -190,11 +164,7 @@ impl Waiters<Waiter> for Callers<'_> {
     /// Sends the waiter its turn (the gate is locked meanwhile).
     fn wake(&self, Wake { who, ticket, token }: Wake<Waiter>) {
         // A waiter that died meanwhile does not need it; its turn lapses.
-        let message = (
-            atoms::phoenix_kit_agent_locks(),
-            ticket,
-            (atoms::turn(), token),
-        );
+        let message = (atoms::phoenix_kit_agent_locks(), ticket, (atoms::turn(), token));
         let _ = self.0.send(&who.pid, message);
     }
 }
@@ -210,13 +180,7 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
     let pool = global::current().map_err(raise)?;
     let checkout = pool.settings().checkout_timeout;
     let expires = start.saturating_add(nanos(checkout));
-    let waiter = || {
-        Ok(Waiter {
-            pid: env.pid(),
-            start,
-            job: job(function, args)?,
-        })
-    };
+    let waiter = || Ok(Waiter { pid: env.pid(), start, job: job(function, args)? });
     match GATE.admit(now_ns(), expires, waiter, &Callers(env))? {
         Admission::Go(token) => Ok(token.encode(env)),
         Admission::Wait { ticket, wait_ns } => {
@@ -341,11 +305,7 @@ impl<'a> Call<'a> {
             return Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)));
         }
         let deadline = deadline(start, now, pool.settings());
-        Ok(Call {
-            slot,
-            pool,
-            deadline,
-        })
+        Ok(Call { slot, pool, deadline })
     }
 
     /// Runs the call's job within its deadline.
@@ -368,11 +328,7 @@ impl<'a> Call<'a> {
             let Some((ticket, waiter)) = GATE.serve(permit, now, &Callers(env)) else {
                 return served;
             };
-            let mut kept = Kept {
-                pid: waiter.pid,
-                ticket,
-                answer: None,
-            };
+            let mut kept = Kept { pid: waiter.pid, ticket, answer: None };
             let deadline = deadline(waiter.start, now, self.pool.settings()).min(self.deadline);
             let answer = global::block_on(self.pool.run(deadline, &waiter.job)).and_then(|a| a);
             let failed = answer.is_err();

@@ -35,9 +35,5 @@ pub fn exception(err: Error) -> LocksError {
         Error::Disconnected(_) => atoms::disconnected(),
         Error::Statement { .. } => atoms::statement(),
     };
-    LocksError {
-        reason,
-        message: err.to_string(),
-        sqlstate: err.sqlstate().map(str::to_owned),
-    }
+    LocksError { reason, message: err.to_string(), sqlstate: err.sqlstate().map(str::to_owned) }
 }

@@ -9,7 +9,6 @@
 #![deny(unsafe_code)]
 
 mod admin;
-mod args;
 mod atoms;
 mod call;
 mod error;

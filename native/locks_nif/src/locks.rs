@@ -2,10 +2,9 @@
 //! a `locks_core::Job`, and the job's `Answer` becomes the documented term.
 //! Which turn a call runs in, and where, is `call.rs`'s business.
 
-use locks_core::{Acquire, AcquireUser, Answer, Job};
-use rustler::{Atom, Encoder, Env, Error, NifResult, Term};
+use locks_core::{Acquire, AcquireUser, Answer, ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
+use rustler::{Atom, Binary, Encoder, Env, Error, NifResult, Term};
 
-use crate::args::{click_ref, hold, ttl, turn_ref, uuid};
 use crate::atoms;
 
 /// The job of `function` (an atom named after the Elixir function) called
@@ -30,16 +29,12 @@ pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
                 hold: hold(hold_s, ttl)?,
             }
         }
-        [chat, turn, ttl_s] if function == atoms::fresh() => Job::Fresh {
-            chat: uuid(chat)?,
-            turn: turn_ref(turn)?,
-            ttl: ttl(ttl_s)?,
-        },
-        [chat, user, turn] if function == atoms::held() => Job::Held {
-            chat: uuid(chat)?,
-            user: uuid(user)?,
-            turn: turn_ref(turn)?,
-        },
+        [chat, turn, ttl_s] if function == atoms::fresh() => {
+            Job::Fresh { chat: uuid(chat)?, turn: turn_ref(turn)?, ttl: ttl(ttl_s)? }
+        }
+        [chat, user, turn] if function == atoms::held() => {
+            Job::Held { chat: uuid(chat)?, user: uuid(user)?, turn: turn_ref(turn)? }
+        }
         [chat, user, turn, ttl_s] if function == atoms::keep() => Job::Keep {
             chat: uuid(chat)?,
             user: uuid(user)?,
@@ -56,21 +51,18 @@ pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
             }
         }
         [ttl_s] if function == atoms::held_locks() => Job::HeldLocks { ttl: ttl(ttl_s)? },
-        [chat, user, turn] if function == atoms::release() => Job::Release {
-            chat: uuid(chat)?,
-            user: uuid(user)?,
-            turn: turn_ref(turn)?,
-        },
+        [chat, user, turn] if function == atoms::release() => {
+            Job::Release { chat: uuid(chat)?, user: uuid(user)?, turn: turn_ref(turn)? }
+        }
         [chat, user, turn, ttl_s] if function == atoms::release_stale() => Job::ReleaseStale {
             chat: uuid(chat)?,
             user: uuid(user)?,
             turn: turn_ref(turn)?,
             ttl: ttl(ttl_s)?,
         },
-        [user, click] if function == atoms::release_user() => Job::ReleaseUser {
-            user: uuid(user)?,
-            click: click_ref(click)?,
-        },
+        [user, click] if function == atoms::release_user() => {
+            Job::ReleaseUser { user: uuid(user)?, click: click_ref(click)? }
+        }
         _ => return Err(Error::BadArg),
     })
 }
@@ -94,21 +86,34 @@ pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
         Answer::Locks(locks) => locks
             .iter()
             .map(|lock| {
-                let kind = if lock.chat {
-                    atoms::chat()
-                } else {
-                    atoms::user()
-                };
-                (
-                    kind,
-                    &lock.id,
-                    &lock.holder,
-                    lock.since_us,
-                    lock.age_s,
-                    lock.stale,
-                )
+                let kind = if lock.chat { atoms::chat() } else { atoms::user() };
+                (kind, &lock.id, &lock.holder, lock.since_us, lock.age_s, lock.stale)
             })
             .collect::<Vec<_>>()
             .encode(env),
     }
+}
+
+// The arguments. The Elixir API has checked and worded each one (and made
+// uuids their 16 bytes); a term that still does not fit is a bad argument,
+// and nothing is sent for it.
+
+pub fn uuid(term: Term<'_>) -> NifResult<Uuid> {
+    Uuid::from_bytes(term.decode::<Binary>()?.as_slice()).ok_or(Error::BadArg)
+}
+
+pub fn turn_ref(term: Term<'_>) -> NifResult<TurnRef> {
+    TurnRef::new(term.decode()?).ok_or(Error::BadArg)
+}
+
+pub fn click_ref(term: Term<'_>) -> NifResult<ClickRef> {
+    ClickRef::new(term.decode()?).ok_or(Error::BadArg)
+}
+
+pub fn ttl(term: Term<'_>) -> NifResult<Ttl> {
+    Ttl::new(term.decode()?).ok_or(Error::BadArg)
+}
+
+pub fn hold(term: Term<'_>, ttl: Ttl) -> NifResult<Hold> {
+    Hold::new(term.decode()?, ttl).ok_or(Error::BadArg)
 }

@@ -10,9 +10,8 @@ use locks_core::{Deadline, Location, Prepare, Settings, SslMode};
 
 /// Settings for `url`, with short timeouts and two connections.
 pub fn settings(url: &str) -> Settings {
-    let rest = url
-        .strip_prefix("postgres://")
-        .unwrap_or_else(|| panic!("a postgres:// URL: {url}"));
+    let rest =
+        url.strip_prefix("postgres://").unwrap_or_else(|| panic!("a postgres:// URL: {url}"));
     let (userinfo, rest) = rest.split_once('@').expect("user@host");
     let (username, password) = userinfo.split_once(':').expect("user:password");
     let (hostport, database) = rest.split_once('/').expect("host/database");
