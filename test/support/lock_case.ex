@@ -98,6 +98,13 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   @doc "A new turn ref, never used before in this VM."
   def turn_ref(label \\ "turn"), do: "#{label}-#{System.unique_integer([:positive])}"
 
+  @doc "A new chat, a new user and a turn ref, the turn holding both locks under `ttl_s`."
+  def held_turn!(ttl_s) do
+    {chat, user, turn} = {TestDB.insert_chat!(), new_user(), turn_ref()}
+    :ok = Locks.acquire(chat, user, turn, ttl_s)
+    {chat, user, turn}
+  end
+
   @doc "A user uuid with no settings row yet."
   def new_user, do: TestDB.uuid()
 

@@ -38,10 +38,11 @@ pub(crate) fn wire(mode: SslMode) -> tokio_postgres::config::SslMode {
 
 /// The connector for `mode`, trusting the certificates of `ca_file` (PEM).
 /// The verifying modes need one: there is no implicit system store, so what
-/// is trusted is always what the configuration names.
+/// is trusted is always what the configuration names. With `disable` the
+/// file is not read (the connector is never used).
 pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRustlsConnect> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let roots = ca_file.map(load_roots).transpose()?;
+    let roots = ca_file.filter(|_| mode != SslMode::Disable).map(load_roots).transpose()?;
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::config("sslmode", e.to_string()))?;
@@ -189,6 +190,7 @@ mod tests {
             );
         }
         assert_eq!(refusal(SslMode::Require, None), None);
+        assert_eq!(refusal(SslMode::Disable, Some("/nonexistent/ca.pem")), None);
     }
 
     #[test]

@@ -212,10 +212,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "taking the locks again with the ref that holds them succeeds and re-dates both" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       backdate!([chat: chat, user: user], 30)
       assert_locks([chat: chat, user: user], chat: {turn, 30}, user: {turn, 30})
 

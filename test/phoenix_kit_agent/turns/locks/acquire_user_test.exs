@@ -39,10 +39,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "is refused with :turn_in_flight while a turn of the user runs, and changes nothing" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
                {:error, :turn_in_flight}
@@ -51,10 +48,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "never takes over a turn's lock before the TTL, however short the hold" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       backdate!([user: user], @ttl - 1)
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, 1) == {:error, :turn_in_flight}

@@ -61,10 +61,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ClockTest do
     end
 
     test "a lock made stale in the database is stale to every call, whatever the node's clock says" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       # Only the database's clock knows this lock is old: the node's clock
       # saw it taken a moment ago.
       backdate!([chat: chat, user: user], @ttl + 1)

@@ -5,10 +5,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
 
   describe "held?/3" do
     test "is true while the turn holds both locks" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
 
       assert Locks.held?(chat, user, turn) == true
       assert Locks.held?(String.upcase(chat), String.upcase(user), turn) == true
@@ -23,10 +20,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false after the turn released its locks" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       :ok = Locks.release(chat, user, turn)
 
       assert Locks.held?(chat, user, turn) == false
@@ -69,10 +63,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "stays true for locks older than the TTL until another turn takes one over" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       backdate!([chat: chat, user: user], @ttl * 10)
 
       assert Locks.held?(chat, user, turn) == true
@@ -140,10 +131,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false after the turn released its locks" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       :ok = Locks.release(chat, user, turn)
 
       assert Locks.fresh?(chat, turn, @ttl) == false

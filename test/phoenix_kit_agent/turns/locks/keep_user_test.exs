@@ -82,10 +82,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "never touches a lock its click does not hold: a running turn's" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       backdate!([user: user], 7)
       [user: before] = rows(user: user)
 

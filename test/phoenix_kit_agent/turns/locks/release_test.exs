@@ -5,10 +5,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
 
   describe "release/3" do
     test "frees both locks of the turn that holds them" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
 
       assert Locks.release(chat, user, turn) == :ok
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
@@ -90,10 +87,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
     end
 
     test "frees a lock older than the TTL that nobody took over" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
       backdate!([chat: chat, user: user], @ttl * 10)
 
       assert Locks.release(chat, user, turn) == :ok
@@ -101,10 +95,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
     end
 
     test "addresses the same rows whatever the letter case of the uuids" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl)
 
       assert Locks.release(String.upcase(chat), String.upcase(user), turn) == :ok
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})

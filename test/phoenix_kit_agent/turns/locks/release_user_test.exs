@@ -24,10 +24,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
     end
 
     test "frees nothing of a turn's lock" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, _turn} = held_turn!(@ttl)
       before = rows(user: user, chat: chat)
 
       assert Locks.release_user(user, Locks.click_ref()) == :ok
