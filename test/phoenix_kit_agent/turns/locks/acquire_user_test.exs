@@ -48,7 +48,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "never takes over a turn's lock before the TTL, however short the hold" do
-      {chat, user, turn} = held_turn!(@ttl)
+      {_chat, user, turn} = held_turn!(@ttl)
       backdate!([user: user], @ttl - 1)
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, 1) == {:error, :turn_in_flight}

@@ -82,7 +82,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "never touches a lock its click does not hold: a running turn's" do
-      {chat, user, turn} = held_turn!(@ttl)
+      {_chat, user, _turn} = held_turn!(@ttl)
       backdate!([user: user], 7)
       [user: before] = rows(user: user)
 
