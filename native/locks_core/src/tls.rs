@@ -115,6 +115,12 @@ struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
+// rustls' names, shortened so the trait's methods read on one line.
+type Verdict<T> = std::result::Result<T, rustls::Error>;
+type Cert<'a> = CertificateDer<'a>;
+type Signed = DigitallySignedStruct;
+type Signature = HandshakeSignatureValid;
+
 impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
@@ -123,7 +129,7 @@ impl ServerCertVerifier for Lenient {
         server_name: &ServerName<'_>,
         ocsp_response: &[u8],
         now: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+    ) -> Verdict<ServerCertVerified> {
         let Some(chain) = &self.chain else {
             return Ok(ServerCertVerified::assertion());
         };
@@ -135,24 +141,12 @@ impl ServerCertVerifier for Lenient {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        verify_tls12_signature(message, cert, dss, algorithms)
+    fn verify_tls12_signature(&self, m: &[u8], c: &Cert<'_>, d: &Signed) -> Verdict<Signature> {
+        verify_tls12_signature(m, c, d, &self.provider.signature_verification_algorithms)
     }
 
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        verify_tls13_signature(message, cert, dss, algorithms)
+    fn verify_tls13_signature(&self, m: &[u8], c: &Cert<'_>, d: &Signed) -> Verdict<Signature> {
+        verify_tls13_signature(m, c, d, &self.provider.signature_verification_algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
