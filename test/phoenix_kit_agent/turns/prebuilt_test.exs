@@ -15,8 +15,6 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
   alias Mix.Tasks.Compile.LocksNif.Prebuilt
   alias PhoenixKitAgent.Turns.Locks.ArtifactServer
 
-  doctest Prebuilt, import: true
-
   @target "x86_64-unknown-linux-gnu"
   @nif List.to_string(:erlang.system_info(:nif_version))
   @version Mix.Project.config()[:version]
@@ -129,6 +127,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
                  "x86_64-unknown-linux-gnu",
                  "aarch64-unknown-linux-gnu",
                  "x86_64-alpine-linux-musl",
+                 "aarch64-alpine-linux-musl",
                  "x86_64-pc-linux-musl",
                  "aarch64-unknown-linux-musl",
                  "x86_64-apple-darwin22.4.0",
@@ -142,6 +141,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
                {:ok, "x86_64-unknown-linux-gnu"},
                {:ok, "aarch64-unknown-linux-gnu"},
                {:ok, "x86_64-unknown-linux-musl"},
+               {:ok, "aarch64-unknown-linux-musl"},
                {:ok, "x86_64-unknown-linux-musl"},
                {:ok, "aarch64-unknown-linux-musl"},
                {:ok, "x86_64-apple-darwin"},
@@ -167,6 +167,11 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
   end
 
   describe "the checksum file" do
+    test "lists SHA-256 checksums in lower-case hex" do
+      assert Prebuilt.checksum("") ==
+               "sha256:e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
+    end
+
     test "is written in name order, one artifact a line, and read back", %{dir: dir} do
       path = Path.join(dir, @checksum_file)
 
@@ -488,6 +493,11 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
                  {{~c"secure", 3128},
                   [~c"localhost", ~c"*.localhost", ~c"*.internal", ~c"127.0.0.1"]}
              ]
+
+      assert Prebuilt.proxy_options(%{
+               "HTTPS_PROXY" => "http://proxy.internal:3128",
+               "no_proxy" => "10.0.0.1,.corp"
+             }) == [https_proxy: {{~c"proxy.internal", 3128}, [~c"10.0.0.1", ~c"*.corp"]}]
 
       assert Prebuilt.proxy_options(%{"http_proxy" => "http://p:1", "no_proxy" => "*"}) == []
     end
