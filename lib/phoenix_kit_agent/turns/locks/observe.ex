@@ -1,43 +1,14 @@
 defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @moduledoc false
-  # What each lock call did, for `Locks.status/0` and for `:telemetry`.
-  #
-  #   * Counters (`:counters`, lock-free): calls by function and outcome, and
-  #     a latency histogram by function (power-of-two buckets of µs).
-  #   * Telemetry, when the host has `:telemetry` (every Phoenix app does),
-  #     looked up once when the application starts, never a compile-time
-  #     dependency: `[:phoenix_kit_agent_locks, function, :start | :stop |
-  #     :exception]`, as :telemetry.span/3 shapes them, and the runner's
-  #     `[:phoenix_kit_agent_locks, :turn, :lost]`. Without it, a call pays one
-  #     `:persistent_term` lookup for it.
+  # What each lock call did, for Locks.status/0 (lock-free :counters: calls by
+  # function and outcome, and a latency histogram by function) and for
+  # :telemetry, when the host has it (the README's "Observability"): looked up
+  # once when the application starts, never a compile-time dependency.
 
-  @functions [
-    :acquire,
-    :acquire_user,
-    :fresh?,
-    :held?,
-    :keep,
-    :keep_user,
-    :release,
-    :release_stale,
-    :release_user,
-    :held_locks
-  ]
-  @outcomes [
-    :ok,
-    :conversation_busy,
-    :turn_in_flight,
-    :click_in_flight,
-    :connect,
-    :pool_timeout,
-    :timeout,
-    :disconnected,
-    :statement,
-    :config,
-    :not_started,
-    :nif_not_loaded,
-    :other
-  ]
+  @functions ~w(acquire acquire_user fresh? held? keep keep_user
+                release release_stale release_user held_locks)a
+  @outcomes ~w(ok conversation_busy turn_in_flight click_in_flight connect pool_timeout
+               timeout disconnected statement config not_started nif_not_loaded other)a
   # Bucket i holds the calls that took less than 2^i µs (the last: the rest).
   @buckets 27
   @per_function length(@outcomes) + @buckets
@@ -136,37 +107,30 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   latencies are the upper bounds of power-of-two buckets.
   """
   def counts do
-    case :persistent_term.get(@counters, nil) do
-      nil ->
-        %{calls: %{}, latency: %{}}
+    counters = :persistent_term.get(@counters, nil)
 
-      counters ->
-        rows =
-          for {function, i} <- Enum.with_index(@functions),
-              read =
-                for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
-              Enum.sum(Enum.take(read, length(@outcomes))) > 0,
-              do: {function, Enum.split(read, length(@outcomes))}
+    for {function, i} <- Enum.with_index(@functions),
+        counters != nil,
+        read = for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
+        {outcomes, buckets} = Enum.split(read, length(@outcomes)),
+        Enum.sum(outcomes) > 0,
+        reduce: %{calls: %{}, latency: %{}} do
+      %{calls: calls, latency: latency} ->
+        counts = for {n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n}
 
         %{
-          calls:
-            Map.new(rows, fn {function, {outcomes, _}} ->
-              {function,
-               for({n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n})}
-            end),
-          latency: Map.new(rows, fn {function, {_, buckets}} -> {function, latency(buckets)} end)
+          calls: Map.put(calls, function, counts),
+          latency: Map.put(latency, function, latency(buckets))
         }
     end
   end
 
+  # A quantile is the bound of the first bucket that reaches it; the maximum,
+  # that of the last one used.
   defp latency(buckets) do
     total = Enum.sum(buckets)
-    upper = fn i -> Bitwise.bsl(1, i) end
-    rank = fn q -> Enum.find_index(Enum.scan(buckets, &+/2), &(&1 >= q * total)) end
-
-    max =
-      buckets |> Enum.with_index() |> Enum.filter(&(elem(&1, 0) > 0)) |> List.last() |> elem(1)
-
-    %{calls: total, p50_us: upper.(rank.(0.5)), p99_us: upper.(rank.(0.99)), max_us: upper.(max)}
+    running = Enum.scan(buckets, &+/2)
+    upper = fn q -> Bitwise.bsl(1, Enum.find_index(running, &(&1 >= q * total))) end
+    %{calls: total, p50_us: upper.(0.5), p99_us: upper.(0.99), max_us: upper.(1)}
   end
 end
