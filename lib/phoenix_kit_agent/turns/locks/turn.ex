@@ -113,22 +113,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
     Process.monitor(turn.caller)
     every = max(div(turn.ttl_s * 1_000, 3), 1)
     now = System.monotonic_time(:millisecond)
-    state = Map.merge(turn, %{every: every, lease_end: now + turn.ttl_s * 1_000, done: false})
+    state = Map.merge(turn, %{every: every, lease_end: now + turn.ttl_s * 1_000})
     {:ok, schedule(state, every)}
   end
 
+  # terminate/2 releases the locks, before the reply.
   @impl true
-  def handle_call(:finish, _from, %{done: true} = state), do: {:reply, false, state}
-
-  def handle_call(:finish, _from, state) do
-    held = not lost?(state) and keep(state) == true
-    release(state)
-    {:stop, :normal, held, %{state | done: true}}
-  end
+  def handle_call(:finish, _from, state),
+    do: {:stop, :normal, not lost?(state) and keep(state) == true, state}
 
   @impl true
-  def handle_info(:keep, %{done: true} = state), do: {:noreply, state}
-
   def handle_info(:keep, state) do
     started = System.monotonic_time(:millisecond)
 
@@ -149,16 +143,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
     end
   end
 
-  def handle_info({:DOWN, _, :process, caller, _}, %{caller: caller} = state) do
-    unless state.done, do: release(state)
-    {:stop, :normal, %{state | done: true}}
-  end
+  def handle_info({:DOWN, _, :process, caller, _}, %{caller: caller} = state),
+    do: {:stop, :normal, state}
 
   def handle_info(_other, state), do: {:noreply, state}
 
+  # Only the locks this turn still holds go (Locks.release/3).
   @impl true
   def terminate(_reason, state) do
-    unless state.done, do: release(state)
+    Locks.release(state.conversation_uuid, state.user_uuid, state.ref)
+  rescue
+    _ in Locks.Error -> :error
   end
 
   defp schedule(state, ms) do
@@ -183,12 +178,5 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
     end
 
     state
-  end
-
-  # Only the locks this turn still holds go (Locks.release/3).
-  defp release(state) do
-    Locks.release(state.conversation_uuid, state.user_uuid, state.ref)
-  rescue
-    _ in Locks.Error -> :error
   end
 end
