@@ -1,28 +1,25 @@
 defmodule PhoenixKitAgent.Turns.Locks do
   @moduledoc """
-  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL.
+  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL: the
+  chat's (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`),
+  one turn at a time per chat, and the user's (the same columns of
+  `phoenix_kit_agent_user_settings`), one turn in flight per user across all
+  their chats. A user with no settings row gets an empty one the first time
+  their lock is taken. A click on a confirmation card takes the user's lock
+  alone (`acquire_user/4`).
 
-    * **The chat's lock** lives in `busy_since` / `busy_turn_ref` of
-      `phoenix_kit_agent_conversations`: one turn at a time per chat.
-    * **The user's lock** lives in the same two columns of
-      `phoenix_kit_agent_user_settings`: one turn in flight per user, across
-      all their chats. A user with no settings row gets an empty one the first
-      time their lock is taken. A click on a confirmation card takes this lock
-      alone (`acquire_user/4`).
-
-  A row is locked when `busy_turn_ref` names a holder. Taking a lock is one
-  atomic statement that succeeds only when the lock is free or its
-  `busy_since` is older than the caller's TTL, so the locks of a node that
-  went down free themselves after the TTL, with no cleanup job. Every time is
-  the database's `now()`. Only the holder's ref frees or re-dates a lock: a
-  late `release/3` of a turn that was taken over cannot free its successor.
+  A lock is taken by one atomic statement that succeeds only when it is free
+  (`busy_turn_ref` names no holder) or its `busy_since` is older than the
+  caller's TTL, so the locks of a node that went down free themselves, with
+  no cleanup job. Every time is the database's `now()`. Only the holder's ref
+  frees or re-dates a lock: a late `release/3` cannot free a successor's.
 
   Every call is one statement on a pooled connection, run on a dirty-I/O
-  scheduler, at most `pool_size` at once (the README's "Operating it"). A
-  refusal is a return value; a failure to answer (no database, a timeout)
-  raises `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
+  scheduler, at most `pool_size` at once. A refusal is a return value; a
+  failure to answer (no database, a timeout) raises
+  `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
   statement may have run; a bad argument raises `ArgumentError` before
-  anything is sent. Configuration: the README's "Configuration".
+  anything is sent. The README describes the configuration and operation.
 
   ## Arguments
 
@@ -113,9 +110,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
   (by the database's clock): the turn may still be running, on this node or
   another, and nobody can take its lock over yet.
-
-      Locks.fresh?(chat, "turn-1", 120)
-      # => true
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s) do
@@ -129,9 +123,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc """
   Whether `turn_ref` holds both locks. A turn asks before each round and
   stops when the answer is `false`: one of its locks was taken over.
-
-      Locks.held?(chat, user, "turn-1")
-      # => true
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
   def held?(conversation_uuid, user_uuid, turn_ref) do
@@ -142,9 +133,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
   `hold_s` of `acquire_user/4`), while `ref` still holds it, so a click that
   runs longer than its hold keeps turns out. `true` when `ref` held it.
-
-      Locks.keep_user(user, click, 120, 30)
-      # => true
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s) do
@@ -154,9 +142,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc """
   Releases whichever of the two locks `turn_ref` still holds; a lock that
   another turn took over stays that turn's. Always `:ok`.
-
-      Locks.release(chat, user, "turn-1")
-      # => :ok
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
   def release(conversation_uuid, user_uuid, turn_ref) do
@@ -179,9 +164,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   Releases the user's lock if the click `ref` still holds it. Always `:ok`.
-
-      Locks.release_user(user, click)
-      # => :ok
   """
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref) do
@@ -193,13 +175,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   while it holds both and neither is older than `ttl_s` seconds. `true` when
   it did. A lease that expired is not revived (another turn may be taking it
   over), and a turn that lost one of its locks keeps neither: it must stop.
-
-  A turn with a short TTL calls this well within it (`with_turn/4` does,
-  every `ttl_s / 3`), so that its locks free themselves soon after its node
-  dies, yet never while it runs.
-
-      Locks.keep(chat, user, "turn-1", 15)
-      # => true
+  A turn on a short TTL calls this well within it (`with_turn/4` does), so
+  that its locks free themselves soon after its node dies, yet never while
+  it runs.
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def keep(conversation_uuid, user_uuid, turn_ref, ttl_s) do
@@ -209,30 +187,25 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc """
   Runs `fun` as a turn: takes both locks under a new turn ref with a lease
   of `ttl_s` seconds, keeps the lease alive while `fun` runs, and releases
-  both locks when `fun` returns, raises, throws or exits.
+  both locks when `fun` returns, raises, throws or exits. Answers `{:ok,
+  result}` when the turn ended holding its locks, `{:lost, result}` when it
+  did not, and `acquire/4`'s `{:error, reason}` (without running `fun`) when
+  the locks stayed refused.
 
-  `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn` (its `ref` among other
-  fields). A keeper process (supervised by the library) renews the lease
-  with `keep/4` every `ttl_s / 3`, retrying within the lease after an error.
-  When the lease is lost (it expired, or another turn took a lock over),
-  the turn is *lost*: `lost?/1` answers `true` from then on and the calling
-  process is sent `{:turn_lock_lost, ref}` once; a lost turn must stop, as
-  one whose `held?/3` answered `false`. If the calling process dies, the
-  keeper releases the locks; if the node dies, they free themselves after
-  `ttl_s`; when the application stops, its keepers release theirs.
+  `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn`. A keeper process
+  (supervised by the library) renews the lease with `keep/4` every
+  `ttl_s / 3`, retrying within the lease after an error. When the lease is
+  lost (it expired, or another turn took a lock over), `lost?/1` answers
+  `true` from then on and the calling process is sent `{:turn_lock_lost,
+  ref}` once: the turn must stop, as one whose `held?/3` answered `false`.
+  If the calling process dies, the keeper releases the locks; if the node
+  dies, they free themselves after `ttl_s`; when the application stops, its
+  keepers release theirs.
 
-  Answers `{:ok, result}` when the turn ended holding its locks, `{:lost,
-  result}` when it did not, and `acquire/4`'s `{:error, reason}` (without
-  running `fun`) when the locks stayed refused.
-
-  ## Options
-
-    * `:ttl_s` (required) - the lease, whole seconds: how long the locks
-      outlive a node that died.
-    * `:wait_ms` - how long to keep trying while the locks are refused, with a
-      capped back-off (50 ms doubling to 1 s). Defaults to `0`: one try.
-
-  ## Example
+  Options: `:ttl_s` (required), the lease in whole seconds: how long the
+  locks outlive a node that died; `:wait_ms`, how long to keep trying while
+  the locks are refused, with a back-off of 50 ms doubling to 1 s (default
+  `0`: one try).
 
       Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)
