@@ -203,11 +203,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     unless uri.scheme in ["postgres", "postgresql"] and is_binary(uri.authority),
       do: bad!(name, "must be a postgres:// or postgresql:// URL")
 
-    {userinfo, hostport} =
-      case String.split(uri.authority, "@") do
-        [hostport] -> {nil, hostport}
-        parts -> {parts |> Enum.drop(-1) |> Enum.join("@"), List.last(parts)}
-      end
+    # The host and port follow the last @.
+    [_, userinfo, hostport] = Regex.run(~r/\A(?:(.*)@)?(.*)\z/s, uri.authority)
 
     if String.contains?(hostport, ","), do: bad!(name, "names several hosts; give one")
 
@@ -215,8 +212,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       do: bad!(name, "has a port that is not a number")
 
     {username, password} =
-      case userinfo && String.split(userinfo, ":", parts: 2) do
-        nil -> {nil, nil}
+      case String.split(userinfo, ":", parts: 2) do
         [user] -> {decode!(user, name), nil}
         [user, password] -> {decode!(user, name), decode!(password, name)}
       end
@@ -325,8 +321,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         ca_file =
           case Keyword.get(ssl_opts, :cacertfile) do
             nil -> []
-            file when is_binary(file) -> [ssl_ca_file: file]
-            file when is_list(file) -> [ssl_ca_file: List.to_string(file)]
+            file when is_binary(file) or is_list(file) -> [ssl_ca_file: to_string(file)]
             _ -> bad!("#{name}.config()[:ssl_opts][:cacertfile]", "must be a path")
           end
 
