@@ -32,8 +32,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
       measurements = %{monotonic_time: start, system_time: System.system_time()}
       emit([function, :start], measurements, %{})
     end
-
-    :ok
   end
 
   @doc "Counts an answered call and emits its `:stop` event."
@@ -41,7 +39,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     outcome = outcome(result)
     duration = count(function, start, outcome)
     if telemetry?(), do: emit([function, :stop], measures(duration), %{result: outcome})
-    :ok
   end
 
   @doc "Counts a failed call and emits its `:exception` event."
@@ -53,15 +50,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
       metadata = %{kind: :error, reason: reason, error: error, stacktrace: stacktrace}
       emit([function, :exception], measures(duration), metadata)
     end
-
-    :ok
   end
 
   @doc "Emits `[:phoenix_kit_agent_locks | event]` (when :telemetry is there)."
-  def event(event, measurements, metadata) do
-    if telemetry?(), do: emit(event, measurements, metadata)
-    :ok
-  end
+  def event(event, measurements, metadata),
+    do: if(telemetry?(), do: emit(event, measurements, metadata))
 
   defp telemetry?, do: :persistent_term.get(@telemetry, false)
 
