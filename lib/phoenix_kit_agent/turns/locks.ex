@@ -361,13 +361,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   ## Argument checks: each raises ArgumentError naming the argument before
   ## anything reaches the native side, which refuses, unworded, what it cannot use.
 
-  defp turn!(conversation_uuid, user_uuid, turn_ref) do
-    [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref)
-    ]
-  end
+  defp turn!(chat, user, turn_ref),
+    do: [uuid!(:conversation_uuid, chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
 
   defp click!(user_uuid, ref, ttl_s, hold_s) do
     ttl_s = ttl!(ttl_s)
