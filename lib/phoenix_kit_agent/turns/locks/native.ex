@@ -10,40 +10,31 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def load_nif do
     path = :filename.join(:code.priv_dir(:phoenix_kit_agent_locks), ~c"native/liblocks_nif")
 
-    case :erlang.load_nif(path, 0) do
-      :ok ->
-        keep_click_prefix()
-
-      # Loaded again in a running VM (recompile, r/1, c/1) while a version holds
-      # the library (rustler has no upgrade callback): an old version is purged
-      # (a call running in it is killed) and this one takes the library; if
-      # the current version holds it, this one is refused and the current one
-      # runs on. Either way the library stays mapped: its pool, and its code as
-      # first loaded.
-      {:error, {:upgrade, _}} ->
+    loaded =
+      with {:error, {:upgrade, _}} <- :erlang.load_nif(path, 0) do
+        # Loaded again in a running VM (recompile, r/1, c/1) while a version
+        # holds the library (rustler has no upgrade callback): an old version
+        # is purged (a call running in it is killed) and this one takes the
+        # library; if the current version holds it, this one is refused and
+        # the current one runs on. Either way the library stays mapped: its
+        # pool, and its code as first loaded.
         :code.purge(__MODULE__)
+        :erlang.load_nif(path, 0)
+      end
 
-        case :erlang.load_nif(path, 0) do
-          :ok -> keep_click_prefix()
-          {:error, {:upgrade, _}} -> {:error, :running_version_keeps_the_nif}
-          {:error, {reason, text}} -> record(reason, text)
-        end
+    case loaded do
+      # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
+      :ok ->
+        :persistent_term.put({__MODULE__, :click_prefix}, click_prefix())
 
+      {:error, {:upgrade, _}} ->
+        {:error, :running_version_keeps_the_nif}
+
+      # Not an error: during the first `mix compile` the library is built only
+      # after this module, and the compiler reloads it.
       {:error, {reason, text}} ->
-        record(reason, text)
+        :persistent_term.put({__MODULE__, :load_error}, "#{reason}: #{text}")
     end
-  end
-
-  # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
-  defp keep_click_prefix do
-    :persistent_term.put({__MODULE__, :click_prefix}, click_prefix())
-  end
-
-  # Loading must not fail the module: during the first `mix compile` the
-  # library is built only after this module, and the compiler reloads it.
-  defp record(reason, text) do
-    :persistent_term.put({__MODULE__, :load_error}, "#{reason}: #{text}")
-    :ok
   end
 
   # The pool
