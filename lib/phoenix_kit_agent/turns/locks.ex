@@ -47,14 +47,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @max_ref_bytes 255
 
   @doc """
-  Takes both locks for `turn_ref`, or neither.
-
-  The chat is tried first: while another turn holds it, the answer is
-  `{:error, :conversation_busy}` and the user's lock is not touched. With the
-  chat free, the user's lock decides: held by a turn of the same user (in
-  another chat) it is `{:error, :turn_in_flight}`, by a click
-  `{:error, :click_in_flight}`, and the chat stays free. A lock older than
-  `ttl_s` seconds is taken over.
+  Takes both locks for `turn_ref`, or neither; a lock older than `ttl_s`
+  seconds is taken over. The chat is tried first: while another turn holds
+  it, the answer is `{:error, :conversation_busy}` and the user's lock is not
+  touched. With the chat free, the user's lock decides: held by a turn of the
+  same user (in another chat) it is `{:error, :turn_in_flight}`, by a click
+  `{:error, :click_in_flight}`, and the chat stays free.
 
       Locks.acquire(chat, user, "turn-1", 120)
       # => :ok
@@ -70,16 +68,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc """
-  Takes the user's lock alone for `ref`, a click on a confirmation card.
-
-  Refused with `{:error, :turn_in_flight}` while a turn of the user runs and
+  Takes the user's lock alone for `ref`, a click on a confirmation card;
+  refused with `{:error, :turn_in_flight}` while a turn of the user runs and
   `{:error, :click_in_flight}` while another click does. `ttl_s` is how old
-  another holder's lock must be to be taken over: pass the TTL of a turn's
-  locks, so a running turn is never taken over. `hold_s` (at most `ttl_s`) is
-  how long this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in
-  the past, so a turn takes it over `hold_s` seconds after it was taken (or
-  last kept with `keep_user/4`) if it is never released. Release it with
-  `release_user/2`.
+  another holder's lock must be to be taken over: pass a turn's TTL, so a
+  running turn is never taken over. `hold_s` (at most `ttl_s`) is how long
+  this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in the
+  past, so a turn takes it over `hold_s` seconds after it was taken (or last
+  kept with `keep_user/4`) unless it is released with `release_user/2`.
 
       click = Locks.click_ref()
       Locks.acquire_user(user, click, 120, 30)
