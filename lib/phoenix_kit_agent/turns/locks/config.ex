@@ -192,10 +192,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     "prepare" => :prepare
   }
 
-  # `postgres://user:password@host:port/database?sslmode=…&sslrootcert=…`
-  # (or `postgresql://`); percent-encoded parts are decoded. A host (or a
-  # host= parameter) that is a path is a socket directory. Errors name the
-  # source and the part, never the text.
+  # `postgres://user:password@host:port/database?sslmode=…` (or postgresql://).
+  # Errors name the source and the part, never the text.
   @doc false
   def parse_url!(url, name) do
     uri = URI.parse(if text?(url), do: url, else: bad!(name, "must be a string"))
@@ -261,9 +259,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   ## The host's repo
 
-  # What `repo.config()` says, in the library's terms, checked with the same
-  # rules (an error names the repo's key). Ecto has already split a repo's
-  # url: into these; a repo that returns url: itself has it parsed here.
+  # What `repo.config()` says, in the library's terms, checked by the same
+  # rules. Ecto splits a repo's url: into these; one that returns it is parsed.
   defp repo_settings!(repo) do
     name = inspect(repo)
 
@@ -306,10 +303,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     end
   end
 
-  # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: no TLS when off (Postgrex's
-  # default), verify_full when the options ask to verify the peer (Erlang's
-  # :ssl then checks the host name too), require otherwise. A repo that gives
-  # a url keeps the url's sslmode.
+  # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: verify_peer is verify_full
+  # (Erlang's :ssl checks the host name too). A url's sslmode stays.
   defp ssl(config, name) do
     ssl_opts = Enum.find([config[:ssl], config[:ssl_opts]], [], &is_list/1)
 

@@ -94,11 +94,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   defp index(item, list), do: Enum.find_index(list, &(&1 == item))
 
-  @doc """
-  `%{calls: %{function => %{outcome => count}}, latency: %{function =>
-  %{calls:, p50_us:, p99_us:, max_us:}}}`, for the functions called so far;
-  latencies are the upper bounds of power-of-two buckets.
-  """
+  @doc "The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far."
   def counts do
     counters = :persistent_term.get(@counters, nil)
 
