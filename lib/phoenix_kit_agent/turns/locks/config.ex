@@ -44,13 +44,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     own = own_settings!(env)
     repo = if own[:repo], do: repo_settings!(own[:repo]), else: []
 
-    base =
-      cond do
-        own[:url] -> parse_url!(own[:url], "url")
-        own[:repo] -> repo
-        true -> []
-      end
-
+    base = if own[:url], do: parse_url!(own[:url], "url"), else: repo
     connection = over(Keyword.take(own, @connection), base)
     database_url = System.get_env("DATABASE_URL", "")
 
