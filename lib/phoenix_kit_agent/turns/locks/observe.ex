@@ -77,7 +77,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
     with counters when counters != nil <- :persistent_term.get(@counters, nil) do
       base = index(function) * @per_function
-      :counters.add(counters, base + index(outcome, @outcomes) + 1, 1)
+      :counters.add(counters, base + Enum.find_index(@outcomes, &(&1 == outcome)) + 1, 1)
       us = System.convert_time_unit(duration, :native, :microsecond)
       bucket = min(bit_length(us), @buckets - 1)
       :counters.add(counters, base + length(@outcomes) + bucket + 1, 1)
@@ -91,8 +91,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   for {function, i} <- Enum.with_index(@functions),
       do: defp(index(unquote(function)), do: unquote(i))
-
-  defp index(item, list), do: Enum.find_index(list, &(&1 == item))
 
   @doc "The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far."
   def counts do
