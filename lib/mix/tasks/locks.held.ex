@@ -29,8 +29,6 @@ defmodule Mix.Tasks.Locks.Held do
 
   @doc false
   def table(locks) do
-    header = ["kind", "uuid", "ref", "since (UTC)", "age", "stale"]
-
     rows =
       for lock <- locks do
         [
@@ -43,15 +41,12 @@ defmodule Mix.Tasks.Locks.Held do
         ]
       end
 
-    widths =
-      for i <- 0..(length(header) - 1),
-          do: Enum.max(for row <- [header | rows], do: String.length(Enum.at(row, i)))
+    rows = [["kind", "uuid", "ref", "since (UTC)", "age", "stale"] | rows]
 
-    [header | rows]
-    |> Enum.map_join("\n", fn row ->
-      row
-      |> Enum.zip(widths)
-      |> Enum.map_join("  ", fn {cell, w} -> String.pad_trailing(cell, w) end)
+    widths = Enum.zip_with(rows, &Enum.max(Enum.map(&1, fn cell -> String.length(cell) end)))
+
+    Enum.map_join(rows, "\n", fn row ->
+      row |> Enum.zip_with(widths, &String.pad_trailing/2) |> Enum.join("  ")
     end)
   end
 end

@@ -1,34 +1,25 @@
 defmodule PhoenixKitAgent.Turns.Locks do
   @moduledoc """
-  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL.
+  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL: the
+  chat's (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`),
+  one turn at a time per chat, and the user's (the same columns of
+  `phoenix_kit_agent_user_settings`), one turn in flight per user across all
+  their chats. A user with no settings row gets an empty one the first time
+  their lock is taken. A click on a confirmation card takes the user's lock
+  alone (`acquire_user/4`).
 
-    * **The chat's lock** lives in `busy_since` / `busy_turn_ref` of
-      `phoenix_kit_agent_conversations`: one turn at a time per chat.
-    * **The user's lock** lives in the same two columns of
-      `phoenix_kit_agent_user_settings`: one turn in flight per user, across
-      all their chats. A user with no settings row gets an empty one the first
-      time their lock is taken. A click on a confirmation card takes this lock
-      too, alone (`acquire_user/4`), under a ref from `click_ref/0`.
+  A lock is taken by one atomic statement that succeeds only when it is free
+  (`busy_turn_ref` names no holder) or its `busy_since` is older than the
+  caller's TTL, so the locks of a node that went down free themselves, with
+  no cleanup job. Every time is the database's `now()`. Only the holder's ref
+  frees or re-dates a lock: a late `release/3` cannot free a successor's.
 
-  A row is locked when `busy_turn_ref` names a holder. Taking a lock is one
-  atomic statement that succeeds only when the lock is free or its
-  `busy_since` is older than the caller's TTL, so the locks of a node that
-  went down free themselves after the TTL, with no cleanup job and no
-  advisory lock holding a connection for the length of a turn. Every time is
-  the database's `now()`: the clocks of the app nodes play no part.
-
-  Only the holder's ref frees or re-dates a lock: a late `release/3` of a turn
-  that was taken over cannot free its successor. A running turn asks
-  `held?/3` before each round and stops when it no longer holds both locks.
-
-  Every call is one statement on a pooled connection, one round trip, run on
-  a dirty-I/O scheduler; at most `pool_size` calls run at once, and a caller
-  beyond them waits on a normal scheduler, first come first served, until a
-  running call runs its statement for it or hands it its turn (see the
-  README's "Operating it"). A refusal is a return value; a failure to answer (no
-  database, a timeout) raises `PhoenixKitAgent.Turns.Locks.Error`, whose
-  reason says whether the statement may have run; a bad argument raises
-  `ArgumentError` before anything is sent.
+  Every call is one statement on a pooled connection, run on a dirty-I/O
+  scheduler, at most `pool_size` at once. A refusal is a return value; a
+  failure to answer (no database, a timeout) raises
+  `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
+  statement may have run; a bad argument raises `ArgumentError` before
+  anything is sent. The README describes the configuration and operation.
 
   ## Arguments
 
@@ -41,21 +32,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
       succeeds and re-dates it.
     * `ttl_s` and `hold_s` are whole seconds: `ttl_s` from 1 to 315_360_000
       (ten years), `hold_s` from 1 to `ttl_s`.
-
-  ## Usage
-
-      chat = "6f1c4f9e-8a53-4a77-9b1e-3f0c2d8e5a10"
-      user = "c0ffee00-1234-4abc-8def-0123456789ab"
-      turn = "turn-" <> Integer.to_string(System.unique_integer([:positive]))
-
-      :ok = Locks.acquire(chat, user, turn, 120)
-      # … before each round of the turn:
-      true = Locks.held?(chat, user, turn)
-      # … at the end:
-      :ok = Locks.release(chat, user, turn)
-
-  Configuration is described in the README: `config :phoenix_kit_agent_locks,
-  url: …` (or `DATABASE_URL`), `pool_size`, and the timeouts.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
@@ -71,14 +47,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @max_ref_bytes 255
 
   @doc """
-  Takes both locks for `turn_ref`, or neither.
-
-  The chat is tried first: while another turn holds it, the answer is
-  `{:error, :conversation_busy}` and the user's lock is not touched. With the
-  chat free, the user's lock decides: held by a turn of the same user (in
-  another chat) it is `{:error, :turn_in_flight}`, by a click
-  `{:error, :click_in_flight}`, and the chat stays free. A lock older than
-  `ttl_s` seconds is taken over.
+  Takes both locks for `turn_ref`, or neither; a lock older than `ttl_s`
+  seconds is taken over. The chat is tried first: while another turn holds
+  it, the answer is `{:error, :conversation_busy}` and the user's lock is not
+  touched. With the chat free, the user's lock decides: held by a turn of the
+  same user (in another chat) it is `{:error, :turn_in_flight}`, by a click
+  `{:error, :click_in_flight}`, and the chat stays free.
 
       Locks.acquire(chat, user, "turn-1", 120)
       # => :ok
@@ -94,16 +68,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc """
-  Takes the user's lock alone for `ref`, a click on a confirmation card.
-
-  Refused with `{:error, :turn_in_flight}` while a turn of the user runs and
+  Takes the user's lock alone for `ref`, a click on a confirmation card;
+  refused with `{:error, :turn_in_flight}` while a turn of the user runs and
   `{:error, :click_in_flight}` while another click does. `ttl_s` is how old
-  another holder's lock must be to be taken over: pass the TTL of a turn's
-  locks, so a running turn is never taken over. `hold_s` (at most `ttl_s`) is
-  how long this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in
-  the past, so a turn takes it over `hold_s` seconds after it was taken (or
-  last kept with `keep_user/4`) if it is never released. Release it with
-  `release_user/2`.
+  another holder's lock must be to be taken over: pass a turn's TTL, so a
+  running turn is never taken over. `hold_s` (at most `ttl_s`) is how long
+  this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in the
+  past, so a turn takes it over `hold_s` seconds after it was taken (or last
+  kept with `keep_user/4`) unless it is released with `release_user/2`.
 
       click = Locks.click_ref()
       Locks.acquire_user(user, click, 120, 30)
@@ -134,9 +106,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
   (by the database's clock): the turn may still be running, on this node or
   another, and nobody can take its lock over yet.
-
-      Locks.fresh?(chat, "turn-1", 120)
-      # => true
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s) do
@@ -150,9 +119,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc """
   Whether `turn_ref` holds both locks. A turn asks before each round and
   stops when the answer is `false`: one of its locks was taken over.
-
-      Locks.held?(chat, user, "turn-1")
-      # => true
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
   def held?(conversation_uuid, user_uuid, turn_ref) do
@@ -163,9 +129,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
   `hold_s` of `acquire_user/4`), while `ref` still holds it, so a click that
   runs longer than its hold keeps turns out. `true` when `ref` held it.
-
-      Locks.keep_user(user, click, 120, 30)
-      # => true
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s) do
@@ -175,9 +138,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc """
   Releases whichever of the two locks `turn_ref` still holds; a lock that
   another turn took over stays that turn's. Always `:ok`.
-
-      Locks.release(chat, user, "turn-1")
-      # => :ok
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
   def release(conversation_uuid, user_uuid, turn_ref) do
@@ -200,9 +160,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   Releases the user's lock if the click `ref` still holds it. Always `:ok`.
-
-      Locks.release_user(user, click)
-      # => :ok
   """
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref) do
@@ -214,13 +171,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   while it holds both and neither is older than `ttl_s` seconds. `true` when
   it did. A lease that expired is not revived (another turn may be taking it
   over), and a turn that lost one of its locks keeps neither: it must stop.
-
-  A turn with a short TTL calls this well within it (`with_turn/4` does,
-  every `ttl_s / 3`), so that its locks free themselves soon after its node
-  dies, yet never while it runs.
-
-      Locks.keep(chat, user, "turn-1", 15)
-      # => true
+  A turn on a short TTL calls this well within it (`with_turn/4` does), so
+  that its locks free themselves soon after its node dies, yet never while
+  it runs.
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def keep(conversation_uuid, user_uuid, turn_ref, ttl_s) do
@@ -230,30 +183,25 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc """
   Runs `fun` as a turn: takes both locks under a new turn ref with a lease
   of `ttl_s` seconds, keeps the lease alive while `fun` runs, and releases
-  both locks when `fun` returns, raises, throws or exits.
+  both locks when `fun` returns, raises, throws or exits. Answers `{:ok,
+  result}` when the turn ended holding its locks, `{:lost, result}` when it
+  did not, and `acquire/4`'s `{:error, reason}` (without running `fun`) when
+  the locks stayed refused.
 
-  `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn` (its `ref` among other
-  fields). A keeper process (supervised by the library) renews the lease
-  with `keep/4` every `ttl_s / 3`, retrying within the lease after an error.
-  When the lease is lost (it expired, or another turn took a lock over),
-  the turn is *lost*: `lost?/1` answers `true` from then on and the calling
-  process is sent `{:turn_lock_lost, ref}` once; a lost turn must stop, as
-  one whose `held?/3` answered `false`. If the calling process dies, the
-  keeper releases the locks; if the node dies, they free themselves after
-  `ttl_s`; when the application stops, its keepers release theirs.
+  `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn`. A keeper process
+  (supervised by the library) renews the lease with `keep/4` every
+  `ttl_s / 3`, retrying within the lease after an error. When the lease is
+  lost (it expired, or another turn took a lock over), `lost?/1` answers
+  `true` from then on and the calling process is sent `{:turn_lock_lost,
+  ref}` once: the turn must stop, as one whose `held?/3` answered `false`.
+  If the calling process dies, the keeper releases the locks; if the node
+  dies, they free themselves after `ttl_s`; when the application stops, its
+  keepers release theirs.
 
-  Answers `{:ok, result}` when the turn ended holding its locks, `{:lost,
-  result}` when it did not, and `acquire/4`'s `{:error, reason}` (without
-  running `fun`) when the locks stayed refused.
-
-  ## Options
-
-    * `:ttl_s` (required) - the lease, whole seconds: how long the locks
-      outlive a node that died.
-    * `:wait_ms` - how long to keep trying while the locks are refused, with a
-      capped back-off (50 ms doubling to 1 s). Defaults to `0`: one try.
-
-  ## Example
+  Options: `:ttl_s` (required), the lease in whole seconds: how long the
+  locks outlive a node that died; `:wait_ms`, how long to keep trying while
+  the locks are refused, with a back-off of 50 ms doubling to 1 s (default
+  `0`: one try).
 
       Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)
@@ -292,9 +240,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
           }
         ]
   def held_locks(ttl_s) do
-    start = stamp()
-
-    for {kind, uuid, ref, since, age, stale} <- run(:held_locks, start, [ttl!(ttl_s)]) do
+    for {kind, uuid, ref, since, age, stale} <- run(:held_locks, stamp(), [ttl!(ttl_s)]) do
       since = since && DateTime.from_unix!(since, :microsecond)
       %{kind: kind, uuid: uuid, ref: ref, since: since, age_s: age, stale: stale}
     end
@@ -312,29 +258,19 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec status() :: %{pool: map(), calls: map(), latency: map()}
   def status do
-    pool = Native.status()
-
-    Map.merge(Observe.counts(), %{
-      pool: %{
-        size: pool.capacity,
-        running: pool.running,
-        waiting: pool.waiting,
-        served: pool.served,
-        connections: pool.connections,
-        idle: pool.idle
-      }
-    })
+    %{capacity: size} = pool = Native.status()
+    pool = Map.take(pool, [:running, :waiting, :served, :connections, :idle])
+    Map.put(Observe.counts(), :pool, Map.put(pool, :size, size))
   end
 
   ## Running a call
 
-  # The call's one stamp, on the monotonic clock, taken before it queues
-  # anywhere: its deadline (checkout + connect + statement timeouts) runs
-  # from here, and the native side reads the same clock.
+  # The call's one stamp, on the monotonic clock, taken before it queues: its
+  # deadline (checkout + connect + statement timeouts) runs from here, and the
+  # native side reads the same clock.
   defp stamp, do: System.monotonic_time(:nanosecond)
 
-  # Runs the call, counted (status/0) and, when the host has :telemetry,
-  # with :start and :stop (or :exception) events.
+  # The call, counted for status/0 and, when the host has :telemetry, a span.
   defp run(function, start, args) do
     Observe.start(function, start)
     result = call(function, start, args)
@@ -347,13 +283,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc false
-  # The NIF call of `function` with `args`, stamped `start`. At most
-  # pool_size calls run at once, each on a dirty-I/O scheduler; a caller
-  # beyond them leaves its call with the gate and waits here, on a normal
-  # scheduler, first come first served, until its checkout deadline: for a
-  # turn, or for the answer of a call that ran its job in its own turn
-  # (native/locks_nif/src/call.rs). A call that ran others' jobs sends their
-  # answers once it is back on a normal scheduler.
+  # The NIF call of `function`. Beyond pool_size running calls, a caller waits
+  # here on a normal scheduler, first come first served, until its checkout
+  # deadline: for a turn, or for the answer of a call that ran its job in its
+  # own turn (native/locks_nif/src/call.rs). A call that ran others' jobs
+  # sends their answers once it is back on a normal scheduler (:deliver).
   def call(function, start, args) do
     case Native.admit(start, function, args) do
       {:wait, ticket, wait_ms} ->
@@ -385,13 +319,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp served_answer({:done, answer}), do: answer
   defp served_answer({:raise, exception}), do: raise(exception)
 
-  # The checkout deadline passed. `leave/2` takes the call out of the queue,
-  # or gives back a turn sent just now, and the call fails with
-  # :pool_timeout; or it says the job ran, or is running, in another call's
-  # turn, and its answer is on its way (it may also have come just now: an
-  # answer sent before leave/2 is in the mailbox). The job ends within the
-  # call's deadline, so when the answer is not here by then plus a second,
-  # the call that ran it was killed before it sent it: deliver/0 sends it.
+  # The checkout deadline passed. leave/2 either takes the call out of the
+  # queue (or gives back a turn sent just now): :pool_timeout; or says its job
+  # ran, or is running, in another call's turn: its answer is on its way, or
+  # already in the mailbox. That job ends within the call's deadline, so an
+  # answer missing wait_ms later means the call that ran it was killed before
+  # sending it: deliver/0 sends it.
   defp give_up(ticket, function, start, args) do
     case Native.leave(ticket, start) do
       {:served, wait_ms} ->
@@ -400,7 +333,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
         after
           wait_ms ->
             Native.deliver()
-            answer_now(ticket, no_answer(wait_ms))
+
+            answer_now(ticket, %Error{
+              reason: :timeout,
+              message: "no answer from the call that ran this one within #{wait_ms} ms"
+            })
         end
 
       {:left, pool_timeout} ->
@@ -417,43 +354,21 @@ defmodule PhoenixKitAgent.Turns.Locks do
     end
   end
 
-  defp no_answer(wait_ms) do
-    %Error{
-      reason: :timeout,
-      message: "no answer from the call that ran this one within #{wait_ms} ms"
-    }
-  end
+  ## Argument checks: each raises ArgumentError naming the argument before
+  ## anything reaches the native side, which refuses, unworded, what it cannot use.
 
-  # The prefix of a click's ref: the native side's, which tells a refusal's
-  # holder by it. Kept by Native when the library loads.
-  defp click_prefix, do: :persistent_term.get({Native, :click_prefix})
+  defp turn!(chat, user, turn_ref),
+    do: [uuid!(:conversation_uuid, chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
 
-  ## Argument checks
-  #
-  # Each raises ArgumentError naming the argument before anything reaches
-  # the native side, which only refuses terms it cannot use (no wording).
-
-  # A turn's chat, user and ref.
-  defp turn!(conversation_uuid, user_uuid, turn_ref) do
-    [
-      uuid!(:conversation_uuid, conversation_uuid),
-      uuid!(:user_uuid, user_uuid),
-      turn_ref!(turn_ref)
-    ]
-  end
-
-  # A click's user, ref, TTL and hold (checked against the TTL).
   defp click!(user_uuid, ref, ttl_s, hold_s) do
     ttl_s = ttl!(ttl_s)
     [uuid!(:user_uuid, user_uuid), click_ref!(ref), ttl_s, hold!(hold_s, ttl_s)]
   end
 
-  # A binary pattern, not a regex: this runs on every call. The native side
-  # takes the uuid's 16 bytes, made as one integer: a 16-byte binary on the
-  # caller's heap. (Base.decode16/2 builds an appendable off-heap binary,
-  # which the dirty scheduler must shrink and the VM free across threads:
-  # about 20 µs of CPU per call.) The first digit is checked here because
-  # String.to_integer/2 would take a sign there.
+  # A binary pattern, not a regex: this runs on every call. The uuid's 16 bytes
+  # are made as one integer, a binary on the caller's heap (Base.decode16/2
+  # makes an off-heap one, about 20 µs of CPU a call on the dirty scheduler).
+  # The first digit is checked because String.to_integer/2 would take a sign.
   defp uuid!(
          name,
          <<h, a::binary-7, ?-, b::binary-4, ?-, c::binary-4, ?-, d::binary-4, ?-, e::binary-12>> =
@@ -482,8 +397,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   defp click_ref?(value), do: is_binary(value) and String.starts_with?(value, click_prefix())
 
-  defp ref!(name, value)
-       when is_binary(value) and byte_size(value) in 1..@max_ref_bytes do
+  # The native side's prefix (it tells a refusal's holder by it), kept by Native.
+  defp click_prefix, do: :persistent_term.get({Native, :click_prefix})
+
+  defp ref!(name, value) when is_binary(value) and byte_size(value) in 1..@max_ref_bytes do
     if String.valid?(value) and not String.contains?(value, <<0>>),
       do: value,
       else: bad!(name, "valid UTF-8 without NUL bytes", value)

@@ -1,12 +1,8 @@
 defmodule PhoenixKitAgent.Turns.Locks.Application do
   @moduledoc false
-  # Installs the native pool when the application starts and closes it when
-  # the application stops. The pool connects on first use, so a database that
-  # is down breaks nothing here; a setting that is wrong (a bad port, a CA
-  # file that cannot be read) stops the start, with the setting named.
-  #
-  # Stopping closes the pool (its connections are dropped) and starting again
-  # installs a new one from the configuration as it is then, in the same VM.
+  # Installs the native pool when the application starts (from the configuration
+  # of that moment; it connects on first use, so only a bad setting stops the
+  # start) and closes it when the application stops.
 
   use Application
 
@@ -30,8 +26,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
     Observe.setup()
 
-    # The keepers of with_turn/4's turns: stopped before stop/1 closes the
-    # pool, so each releases its turn's locks on the way out.
+    # with_turn/4's keepers: stopped before stop/1 closes the pool, so each
+    # releases its turn's locks on the way out.
     children = [
       {DynamicSupervisor, name: PhoenixKitAgent.Turns.Locks.Keepers, strategy: :one_for_one}
     ]
@@ -45,8 +41,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
     :ok
   end
 
-  # A NIF that raises puts its arguments in the stacktrace, and these hold
-  # the password: raise the same exception again from here, without them.
+  # A NIF that raises puts its arguments, the password among them, in the
+  # stacktrace: the same exception is raised again from here, without them.
   defp start_pool!(config) do
     Native.start(config)
   rescue

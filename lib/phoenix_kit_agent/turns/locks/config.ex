@@ -1,59 +1,29 @@
 defmodule PhoenixKitAgent.Turns.Locks.Config do
   @moduledoc false
-  # The one configuration pipeline. When the application starts, every source
-  # is resolved into one struct of checked values, one field per setting,
-  # which the NIF decodes as it is (rustler's NifStruct):
-  #
-  #   1. the library's own `url:` (parsed here, the way Ecto parses a repo's),
-  #      or else the host's repo (`repo: MyApp.Repo`, what its `config/0` says);
-  #   2. the library's own discrete settings (`hostname:`, `username:`, …),
-  #      each replacing that part;
-  #   3. below both, when they name no server, `DATABASE_URL`.
-  #
-  # Every default, range and name lives here and nowhere else. A bad setting
-  # raises PhoenixKitAgent.Turns.Locks.Error with reason :config and a message
-  # that names the setting and never shows a URL or a password; `inspect/1`
-  # never shows the password either (the struct keeps no URL).
+  # The one configuration pipeline (the README's "Configuration"): when the
+  # application starts, every source becomes one struct of checked values,
+  # which the NIF decodes as it is. Every default, range and name lives here.
+  # A bad setting raises Locks.Error :config naming the setting, never a URL
+  # or a password; inspect/1 hides the password (the struct keeps no URL).
 
   alias PhoenixKitAgent.Turns.Locks.Error
 
   @app :phoenix_kit_agent_locks
 
   # Where and as whom to connect: a URL's parts, a repo's, or the library's own.
-  @connection [
-    :hostname,
-    :socket_dir,
-    :port,
-    :username,
-    :password,
-    :database,
-    :sslmode,
-    :ssl_ca_file,
-    :application_name
-  ]
-
-  # The struct's fields: everything but where the settings came from.
-  @fields @connection ++
-            [
-              :prefix,
-              :pool_size,
-              :connect_timeout,
-              :checkout_timeout,
-              :statement_timeout,
-              :prepare
-            ]
-
-  @settings [:repo, :url] ++ @fields
-
-  # Read by the Mix compiler when it builds the library
-  # (Mix.Tasks.Compile.LocksNif.Prebuilt), not here: allowed, and ignored.
-  @build_settings [:build_from_source]
-
+  @connection ~w(hostname socket_dir port username password database
+                 sslmode ssl_ca_file application_name)a
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
+  @fields @connection ++ [:prefix, :pool_size] ++ @timeouts ++ [:prepare]
+  @settings [:repo, :url] ++ @fields
+  # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif.Prebuilt): allowed, ignored here.
+  @build_settings [:build_from_source]
+  # What the library takes from a repo's config/0 as it is.
+  @repo_settings ~w(hostname port username password database socket_dir prefix prepare)a
+  @texts [:hostname, :username, :database, :ssl_ca_file, :application_name]
   @default_timeout 5_000
   @max_timeout 3_600_000
   @max_pool_size 1_000
-  @default_port 5432
   @sslmodes [:disable, :prefer, :require, :verify_ca, :verify_full]
   @prepares [:named, :unnamed]
 
@@ -74,25 +44,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     own = own_settings!(env)
     repo = if own[:repo], do: repo_settings!(own[:repo]), else: []
 
-    layers =
-      cond do
-        own[:url] -> [parse_url!(own[:url], "url")]
-        own[:repo] -> [repo]
-        true -> []
-      end
-
-    connection = Enum.reduce(layers ++ [Keyword.take(own, @connection)], [], &over/2)
+    base = if own[:url], do: parse_url!(own[:url], "url"), else: repo
+    connection = over(Keyword.take(own, @connection), base)
+    database_url = System.get_env("DATABASE_URL", "")
 
     connection =
-      case System.get_env("DATABASE_URL") do
-        url when is_binary(url) and url != "" ->
-          if located?(connection),
-            do: connection,
-            else: over(connection, parse_url!(url, "DATABASE_URL"))
-
-        _ ->
-          connection
-      end
+      if located?(connection) or database_url == "",
+        do: connection,
+        else: over(connection, parse_url!(database_url, "DATABASE_URL"))
 
     if located?(connection), do: {:ok, build!(connection, own, repo)}, else: :unconfigured
   end
@@ -118,7 +77,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     %__MODULE__{
       hostname: connection[:hostname],
       socket_dir: connection[:socket_dir],
-      port: Keyword.get(connection, :port, @default_port),
+      port: Keyword.get(connection, :port, 5432),
       username:
         connection[:username] || System.get_env("PGUSER") || System.get_env("USER") ||
           bad!(:username, "missing: no user in the url, the repo or the settings"),
@@ -138,15 +97,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     }
   end
 
-  ## Checks, one per setting, whatever its source
+  ## Checks, one rule per setting, whatever its source
 
   defp own_settings!(env) do
-    unless Keyword.keyword?(env),
-      do:
-        raise(Error,
-          reason: :config,
-          message: "invalid configuration: expected a keyword list of settings"
-        )
+    unless Keyword.keyword?(env), do: invalid!("expected a keyword list of settings")
 
     case Keyword.keys(env) -- (@settings ++ @build_settings) do
       [] ->
@@ -155,71 +109,54 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
             do: {key, check!(key, value, key)}
 
       unknown ->
-        raise Error,
-          reason: :config,
-          message:
-            "invalid configuration: unknown setting#{if length(unknown) > 1, do: "s"} " <>
-              "#{Enum.map_join(unknown, ", ", &inspect/1)}; the settings are " <>
-              Enum.map_join(@settings, ", ", &inspect/1)
+        invalid!(
+          "unknown setting#{if length(unknown) > 1, do: "s"} " <>
+            "#{Enum.map_join(unknown, ", ", &inspect/1)}; the settings are " <>
+            Enum.map_join(@settings, ", ", &inspect/1)
+        )
     end
   end
 
-  # `name` is what an error calls the setting: the key itself, or where it
-  # came from (`url`, `DATABASE_URL`, `MyApp.Repo.config()[:port]`).
   @doc false
+  # The checked `value` of setting `key`; `name` is what an error calls it: the
+  # key, or where it came from (`url`, `DATABASE_URL`, `MyApp.Repo.config()[:port]`).
   def check!(key, value, name)
-
-  def check!(:repo, repo, _name) when is_atom(repo), do: repo
-  def check!(:repo, _, name), do: bad!(name, "must be a module, e.g. MyApp.Repo")
-
-  def check!(:port, port, _name) when port in 1..65_535, do: port
-  def check!(:port, _, name), do: bad!(name, "must be an integer from 1 to 65535")
-
-  def check!(:pool_size, size, _name) when size in 1..@max_pool_size, do: size
-
-  def check!(:pool_size, _, name),
-    do: bad!(name, "must be an integer from 1 to #{@max_pool_size}")
-
-  def check!(key, ms, _name) when key in @timeouts and ms in 1..@max_timeout, do: ms
-
-  def check!(key, _, name) when key in @timeouts,
-    do: bad!(name, "must be an integer from 1 to #{@max_timeout} (milliseconds)")
-
-  def check!(:sslmode, mode, _name) when mode in @sslmodes, do: mode
 
   # libpq's spelling, as a URL's sslmode= has it.
   def check!(:sslmode, mode, name) when is_binary(mode) do
-    case Enum.find(@sslmodes, &(Atom.to_string(&1) == String.replace(mode, "-", "_"))) do
-      nil -> check!(:sslmode, nil, name)
-      mode -> mode
+    libpq = Enum.find(@sslmodes, &(Atom.to_string(&1) == String.replace(mode, "-", "_")))
+    check!(:sslmode, libpq, name)
+  end
+
+  def check!(key, value, name) do
+    case rule(key, value) do
+      {true, _rule} -> value
+      {false, rule} -> bad!(name, rule)
     end
   end
 
-  def check!(:sslmode, _, name),
-    do: bad!(name, "must be one of #{Enum.map_join(@sslmodes, ", ", &inspect/1)}")
+  # Whether `value` passes setting `key`'s rule, and what an error says of it.
+  defp rule(:repo, v), do: {is_atom(v), "must be a module, e.g. MyApp.Repo"}
+  defp rule(:port, v), do: {v in 1..65_535, "must be an integer from 1 to 65535"}
 
-  def check!(:prepare, prepare, _name) when prepare in @prepares, do: prepare
-  def check!(:prepare, _, name), do: bad!(name, "must be :named or :unnamed")
+  defp rule(:pool_size, v),
+    do: {v in 1..@max_pool_size, "must be an integer from 1 to #{@max_pool_size}"}
 
-  def check!(:socket_dir, "/" <> _ = dir, _name), do: dir
-  def check!(:socket_dir, _, name), do: bad!(name, "must be an absolute directory")
+  defp rule(key, v) when key in @timeouts,
+    do: {v in 1..@max_timeout, "must be an integer from 1 to #{@max_timeout} (milliseconds)"}
 
-  def check!(:prefix, prefix, name) do
-    if prefix?(prefix), do: prefix, else: bad!(name, prefix_rule())
-  end
+  defp rule(:sslmode, v),
+    do: {v in @sslmodes, "must be one of #{Enum.map_join(@sslmodes, ", ", &inspect/1)}"}
 
-  def check!(key, value, name) when key in [:url, :password], do: text!(value, name)
+  defp rule(:prepare, v), do: {v in @prepares, "must be :named or :unnamed"}
+  defp rule(:socket_dir, v), do: {match?("/" <> _, v), "must be an absolute directory"}
+  defp rule(:prefix, v), do: {prefix?(v), prefix_rule()}
+  defp rule(key, v) when key in [:url, :password], do: {text?(v), "must be a string"}
+  defp rule(key, "") when key in @texts, do: {false, "must not be empty"}
+  defp rule(key, v) when key in @texts, do: {text?(v), "must be a string"}
 
-  def check!(key, value, name)
-      when key in [:hostname, :username, :database, :ssl_ca_file, :application_name] do
-    if text!(value, name) == "", do: bad!(name, "must not be empty"), else: value
-  end
-
-  defp text!(value, name) do
-    if is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>),
-      do: value,
-      else: bad!(name, "must be a string")
-  end
+  defp text?(value),
+    do: is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>)
 
   @doc false
   # What a schema prefix must be, for settings and function arguments alike.
@@ -230,8 +167,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   def prefix_rule,
     do: "must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)"
 
-  defp bad!(name, reason),
-    do: raise(Error, reason: :config, message: "invalid configuration: #{name}: #{reason}")
+  defp bad!(name, rule), do: invalid!("#{name}: #{rule}")
+
+  defp invalid!(why),
+    do: raise(Error, reason: :config, message: "invalid configuration: " <> why)
 
   ## URLs, parsed as Ecto parses a repo's
 
@@ -247,22 +186,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     "prepare" => :prepare
   }
 
-  # `postgres://user:password@host:port/database?sslmode=…&sslrootcert=…`
-  # (or `postgresql://`); percent-encoded parts are decoded. A host (or a
-  # host= parameter) that is a path is a socket directory. Errors name the
-  # source and the part, never the text.
+  # `postgres://user:password@host:port/database?sslmode=…` (or postgresql://).
+  # Errors name the source and the part, never the text.
   @doc false
   def parse_url!(url, name) do
-    uri = URI.parse(text!(url, name))
+    uri = URI.parse(if text?(url), do: url, else: bad!(name, "must be a string"))
 
     unless uri.scheme in ["postgres", "postgresql"] and is_binary(uri.authority),
       do: bad!(name, "must be a postgres:// or postgresql:// URL")
 
-    {userinfo, hostport} =
-      case String.split(uri.authority, "@") do
-        [hostport] -> {nil, hostport}
-        parts -> {parts |> Enum.drop(-1) |> Enum.join("@"), List.last(parts)}
-      end
+    # The host and port follow the last @.
+    [_, userinfo, hostport] = Regex.run(~r/\A(?:(.*)@)?(.*)\z/s, uri.authority)
 
     if String.contains?(hostport, ","), do: bad!(name, "names several hosts; give one")
 
@@ -270,21 +204,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       do: bad!(name, "has a port that is not a number")
 
     {username, password} =
-      case userinfo && String.split(userinfo, ":", parts: 2) do
-        nil -> {nil, nil}
+      case String.split(userinfo, ":", parts: 2) do
         [user] -> {decode!(user, name), nil}
         [user, password] -> {decode!(user, name), decode!(password, name)}
       end
 
     parameters =
-      (uri.query || "")
-      |> query!(name)
-      |> Enum.map(fn {key, value} ->
+      for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
         case @url_parameters do
           %{^key => setting} -> {setting, value}
           _ -> bad!(name, "has an unsupported parameter #{inspect(key)}")
         end
-      end)
+      end
 
     [
       hostname: uri.host && uri.host != "" && decode!(uri.host, name),
@@ -297,39 +228,33 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     |> Keyword.merge(parameters)
     |> Enum.reject(fn {_key, value} -> value in [nil, false, ""] end)
     |> Enum.map(fn
-      {:hostname, "/" <> _ = dir} -> {:socket_dir, dir}
-      {:port, port} when is_binary(port) -> {:port, check!(:port, integer(port), name)}
-      {:prepare, prepare} -> {:prepare, check!(:prepare, atom(prepare, @prepares), name)}
-      {key, value} -> {key, check!(key, value, name)}
+      {:hostname, "/" <> _ = dir} ->
+        {:socket_dir, dir}
+
+      {:port, text} when is_binary(text) ->
+        {:port, check!(:port, with({port, ""} <- Integer.parse(text), do: port), name)}
+
+      {:prepare, text} ->
+        {:prepare, check!(:prepare, Enum.find(@prepares, &(Atom.to_string(&1) == text)), name)}
+
+      {key, value} ->
+        {key, check!(key, value, name)}
     end)
   end
 
-  defp query!(query, name) do
-    if query =~ ~r/%(?![0-9A-Fa-f]{2})/,
-      do: bad!(name, "is not percent-encoded correctly"),
-      else: query |> URI.query_decoder() |> Enum.to_list()
-  end
+  defp decode!(part, name), do: URI.decode(percent!(part, name))
 
-  defp decode!(part, name) do
+  # URI.decode/1 raises on a lone `%`, and its message shows the text.
+  defp percent!(part, name) do
     if part =~ ~r/%(?![0-9A-Fa-f]{2})/,
       do: bad!(name, "is not percent-encoded correctly"),
-      else: URI.decode(part)
+      else: part
   end
-
-  defp integer(text) do
-    case Integer.parse(text) do
-      {n, ""} -> n
-      _ -> nil
-    end
-  end
-
-  defp atom(text, atoms), do: Enum.find(atoms, &(Atom.to_string(&1) == text))
 
   ## The host's repo
 
-  # What `repo.config()` says, in the library's terms, checked with the same
-  # rules (an error names the repo's key). Ecto has already split a repo's
-  # url: into these; a repo that returns url: itself has it parsed here.
+  # What `repo.config()` says, in the library's terms, checked by the same
+  # rules. Ecto splits a repo's url: into these; one that returns it is parsed.
   defp repo_settings!(repo) do
     name = inspect(repo)
 
@@ -344,23 +269,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     from_url = if config[:url], do: parse_url!(config[:url], "#{name}.config()[:url]"), else: []
 
     settings =
-      Enum.flat_map(
-        [:hostname, :port, :username, :password, :database, :socket_dir, :prefix, :prepare],
-        fn key ->
-          case config[key] do
-            nil -> []
-            value -> [{key, check!(key, value, "#{name}.config()[#{inspect(key)}]")}]
-          end
-        end
-      )
+      for key <- @repo_settings,
+          config[key] != nil,
+          do: {key, check!(key, config[key], "#{name}.config()[#{inspect(key)}]")}
 
-    from_url
-    |> over_kw(socket(config, name))
-    |> over_kw(settings)
-    |> over_kw(ssl(config, name))
+    Enum.reduce([socket(config, name), settings, ssl(config, name)], from_url, &over/2)
   end
-
-  defp over_kw(base, top), do: over(top, base)
 
   # Postgrex's `socket: "/run/postgresql/.s.PGSQL.5432"` names the socket
   # file: its directory, and the port in its name.
@@ -383,17 +297,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     end
   end
 
-  # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: no TLS when off (Postgrex's
-  # default), verify_full when the options ask to verify the peer (Erlang's
-  # :ssl then checks the host name too), require otherwise. A repo that gives
-  # a url keeps the url's sslmode.
+  # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: verify_peer is verify_full
+  # (Erlang's :ssl checks the host name too). A url's sslmode stays.
   defp ssl(config, name) do
-    ssl_opts =
-      case {config[:ssl], config[:ssl_opts]} do
-        {opts, _} when is_list(opts) -> opts
-        {_, opts} when is_list(opts) -> opts
-        _ -> []
-      end
+    ssl_opts = Enum.find([config[:ssl], config[:ssl_opts]], [], &is_list/1)
 
     case config[:ssl] do
       off when off in [nil, false] ->
@@ -403,8 +310,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         ca_file =
           case Keyword.get(ssl_opts, :cacertfile) do
             nil -> []
-            file when is_binary(file) -> [ssl_ca_file: file]
-            file when is_list(file) -> [ssl_ca_file: List.to_string(file)]
+            file when is_binary(file) or is_list(file) -> [ssl_ca_file: to_string(file)]
             _ -> bad!("#{name}.config()[:ssl_opts][:cacertfile]", "must be a path")
           end
 

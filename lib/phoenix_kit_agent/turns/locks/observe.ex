@@ -1,43 +1,14 @@
 defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @moduledoc false
-  # What each lock call did, for `Locks.status/0` and for `:telemetry`.
-  #
-  #   * Counters (`:counters`, lock-free): calls by function and outcome, and
-  #     a latency histogram by function (power-of-two buckets of µs).
-  #   * Telemetry, when the host has `:telemetry` (every Phoenix app does),
-  #     looked up once when the application starts, never a compile-time
-  #     dependency: `[:phoenix_kit_agent_locks, function, :start | :stop |
-  #     :exception]`, as :telemetry.span/3 shapes them, and the runner's
-  #     `[:phoenix_kit_agent_locks, :turn, :lost]`. Without it, a call pays one
-  #     `:persistent_term` lookup for it.
+  # What each lock call did, for Locks.status/0 (lock-free :counters: calls by
+  # function and outcome, and a latency histogram by function) and for
+  # :telemetry, when the host has it (the README's "Observability"): looked up
+  # once when the application starts, never a compile-time dependency.
 
-  @functions [
-    :acquire,
-    :acquire_user,
-    :fresh?,
-    :held?,
-    :keep,
-    :keep_user,
-    :release,
-    :release_stale,
-    :release_user,
-    :held_locks
-  ]
-  @outcomes [
-    :ok,
-    :conversation_busy,
-    :turn_in_flight,
-    :click_in_flight,
-    :connect,
-    :pool_timeout,
-    :timeout,
-    :disconnected,
-    :statement,
-    :config,
-    :not_started,
-    :nif_not_loaded,
-    :other
-  ]
+  @functions ~w(acquire acquire_user fresh? held? keep keep_user
+                release release_stale release_user held_locks)a
+  @outcomes ~w(ok conversation_busy turn_in_flight click_in_flight connect pool_timeout
+               timeout disconnected statement config not_started nif_not_loaded other)a
   # Bucket i holds the calls that took less than 2^i µs (the last: the rest).
   @buckets 27
   @per_function length(@outcomes) + @buckets
@@ -61,8 +32,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
       measurements = %{monotonic_time: start, system_time: System.system_time()}
       emit([function, :start], measurements, %{})
     end
-
-    :ok
   end
 
   @doc "Counts an answered call and emits its `:stop` event."
@@ -70,7 +39,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     outcome = outcome(result)
     duration = count(function, start, outcome)
     if telemetry?(), do: emit([function, :stop], measures(duration), %{result: outcome})
-    :ok
   end
 
   @doc "Counts a failed call and emits its `:exception` event."
@@ -82,15 +50,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
       metadata = %{kind: :error, reason: reason, error: error, stacktrace: stacktrace}
       emit([function, :exception], measures(duration), metadata)
     end
-
-    :ok
   end
 
   @doc "Emits `[:phoenix_kit_agent_locks | event]` (when :telemetry is there)."
-  def event(event, measurements, metadata) do
-    if telemetry?(), do: emit(event, measurements, metadata)
-    :ok
-  end
+  def event(event, measurements, metadata),
+    do: if(telemetry?(), do: emit(event, measurements, metadata))
 
   defp telemetry?, do: :persistent_term.get(@telemetry, false)
 
@@ -113,7 +77,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
     with counters when counters != nil <- :persistent_term.get(@counters, nil) do
       base = index(function) * @per_function
-      :counters.add(counters, base + index(outcome, @outcomes) + 1, 1)
+      :counters.add(counters, base + Enum.find_index(@outcomes, &(&1 == outcome)) + 1, 1)
       us = System.convert_time_unit(duration, :native, :microsecond)
       bucket = min(bit_length(us), @buckets - 1)
       :counters.add(counters, base + length(@outcomes) + bucket + 1, 1)
@@ -128,45 +92,32 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   for {function, i} <- Enum.with_index(@functions),
       do: defp(index(unquote(function)), do: unquote(i))
 
-  defp index(item, list), do: Enum.find_index(list, &(&1 == item))
-
-  @doc """
-  `%{calls: %{function => %{outcome => count}}, latency: %{function =>
-  %{calls:, p50_us:, p99_us:, max_us:}}}`, for the functions called so far;
-  latencies are the upper bounds of power-of-two buckets.
-  """
+  @doc "The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far."
   def counts do
-    case :persistent_term.get(@counters, nil) do
-      nil ->
-        %{calls: %{}, latency: %{}}
+    counters = :persistent_term.get(@counters, nil)
 
-      counters ->
-        rows =
-          for {function, i} <- Enum.with_index(@functions),
-              read =
-                for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
-              Enum.sum(Enum.take(read, length(@outcomes))) > 0,
-              do: {function, Enum.split(read, length(@outcomes))}
+    for {function, i} <- Enum.with_index(@functions),
+        counters != nil,
+        read = for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
+        {outcomes, buckets} = Enum.split(read, length(@outcomes)),
+        Enum.sum(outcomes) > 0,
+        reduce: %{calls: %{}, latency: %{}} do
+      %{calls: calls, latency: latency} ->
+        counts = for {n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n}
 
         %{
-          calls:
-            Map.new(rows, fn {function, {outcomes, _}} ->
-              {function,
-               for({n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n})}
-            end),
-          latency: Map.new(rows, fn {function, {_, buckets}} -> {function, latency(buckets)} end)
+          calls: Map.put(calls, function, counts),
+          latency: Map.put(latency, function, latency(buckets))
         }
     end
   end
 
+  # A quantile is the bound of the first bucket that reaches it; the maximum,
+  # that of the last one used.
   defp latency(buckets) do
     total = Enum.sum(buckets)
-    upper = fn i -> Bitwise.bsl(1, i) end
-    rank = fn q -> Enum.find_index(Enum.scan(buckets, &+/2), &(&1 >= q * total)) end
-
-    max =
-      buckets |> Enum.with_index() |> Enum.filter(&(elem(&1, 0) > 0)) |> List.last() |> elem(1)
-
-    %{calls: total, p50_us: upper.(rank.(0.5)), p99_us: upper.(rank.(0.99)), max_us: upper.(max)}
+    running = Enum.scan(buckets, &+/2)
+    upper = fn q -> Bitwise.bsl(1, Enum.find_index(running, &(&1 >= q * total))) end
+    %{calls: total, p50_us: upper.(0.5), p99_us: upper.(0.99), max_us: upper.(1)}
   end
 end

@@ -1,18 +1,10 @@
 defmodule PhoenixKitAgent.Turns.Locks.Schema do
   @moduledoc """
-  The tables the locks live in.
-
-  Two kinds of DDL, both idempotent:
-
-    * `:tables` creates `phoenix_kit_agent_conversations` and
-      `phoenix_kit_agent_user_settings` (the file `priv/schema.sql`);
-    * `:lock_columns` only adds `busy_since` / `busy_turn_ref` and the unique
-      index on `user_uuid` to tables a host already has.
-
-  `sql/2` returns the text as one script (psql, a SQL file); `statements/2`
-  returns it one statement at a time, for an Ecto migration's `execute/1`;
-  `setup!/1` runs it on the library's own pool (this is what `mix
-  locks.setup` does).
+  The tables the locks live in, as idempotent DDL of two kinds: `:tables`
+  creates `phoenix_kit_agent_conversations` and
+  `phoenix_kit_agent_user_settings` (the file `priv/schema.sql`);
+  `:lock_columns` only adds `busy_since` / `busy_turn_ref` and the unique
+  index on `user_uuid` to tables a host already has.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Config, Native}
@@ -20,8 +12,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   @type kind :: :tables | :lock_columns
 
   @doc """
-  The DDL of `kind`, with the tables qualified by the schema `prefix` (an
-  identifier, quoted) when one is given.
+  The DDL of `kind` as one script (psql, a SQL file), with the tables
+  qualified by the schema `prefix` (an identifier, quoted) when one is given.
 
       iex> sql = PhoenixKitAgent.Turns.Locks.Schema.sql(:lock_columns, "phoenix_kit")
       iex> sql =~ ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_conversations)
@@ -53,24 +45,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   """
   @spec statements(kind(), String.t() | nil) :: [String.t()]
   def statements(kind \\ :tables, prefix \\ nil) when kind in [:tables, :lock_columns] do
-    # The DDL is this library's own: a `;` ends a line only where a
-    # statement ends, and a comment is a line of its own.
-    kind
-    |> sql(prefix)
+    # The library's own DDL: a comment is a line of its own, and a `;` ends a
+    # line only where a statement ends.
+    sql(kind, prefix)
+    |> String.replace(~r/^[ \t]*--.*\n?/m, "")
     |> String.split(~r/;[ \t]*$/m)
-    |> Enum.map(fn text ->
-      text
-      |> String.split("\n")
-      |> Enum.reject(&String.starts_with?(String.trim_leading(&1), "--"))
-      |> Enum.join("\n")
-      |> String.trim()
-    end)
+    |> Enum.map(&String.trim/1)
     |> Enum.reject(&(&1 == ""))
   end
 
   @doc """
-  Runs the DDL of `kind` on the library's pool (under its configured prefix).
-  Raises `PhoenixKitAgent.Turns.Locks.Error` when the database refuses it.
+  Runs the DDL of `kind` on the library's pool (under its configured prefix),
+  as `mix locks.setup` does. Raises `PhoenixKitAgent.Turns.Locks.Error` when
+  the database refuses it.
   """
   @spec setup!(kind()) :: :ok
   def setup!(kind \\ :tables) when kind in [:tables, :lock_columns] do

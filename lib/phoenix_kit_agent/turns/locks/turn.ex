@@ -1,15 +1,14 @@
 defmodule PhoenixKitAgent.Turns.Locks.Turn do
   @moduledoc """
-  A turn run by `PhoenixKitAgent.Turns.Locks.with_turn/4`: its locks kept
-  alive by a keeper process while it runs, on a short lease.
-
-  Fields: `conversation_uuid`, `user_uuid`, `ref` (the turn's ref, made by
-  the runner) and `ttl_s` (the lease). Ask `PhoenixKitAgent.Turns.Locks.lost?/1`
-  whether the turn still holds its locks; the process that runs the turn is
-  also sent `{:turn_lock_lost, ref}` once, when they are lost.
+  A turn run by `PhoenixKitAgent.Turns.Locks.with_turn/4`, its locks kept
+  alive by a keeper process while it runs. Fields: `conversation_uuid`,
+  `user_uuid`, `ref` (the turn's ref, made by the runner) and `ttl_s` (the
+  lease). `PhoenixKitAgent.Turns.Locks.lost?/1` tells whether it still holds
+  its locks.
   """
 
   alias PhoenixKitAgent.Turns.Locks
+  alias __MODULE__.Keeper
 
   @enforce_keys [:conversation_uuid, :user_uuid, :ref, :ttl_s, :keeper, :lost]
   defstruct @enforce_keys
@@ -23,86 +22,64 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
           lost: :atomics.atomics_ref()
         }
 
-  @options [:ttl_s, wait_ms: 0]
   # A refused acquire is tried again after this, doubling, up to the cap.
   @retry_first_ms 50
   @retry_max_ms 1_000
 
   @doc false
   def run(conversation_uuid, user_uuid, opts, fun) when is_function(fun, 1) do
-    opts = Keyword.validate!(opts, @options)
+    opts = Keyword.validate!(opts, [:ttl_s, wait_ms: 0])
 
     ttl_s =
       opts[:ttl_s] || raise(ArgumentError, "missing option :ttl_s (the lease, whole seconds)")
 
     wait_ms = opts[:wait_ms]
 
-    unless is_integer(wait_ms) and wait_ms >= 0,
-      do:
-        raise(
-          ArgumentError,
-          "invalid wait_ms: expected a non-negative integer, got: #{inspect(wait_ms)}"
-        )
+    unless is_integer(wait_ms) and wait_ms >= 0 do
+      raise ArgumentError,
+            "invalid wait_ms: expected a non-negative integer, got: #{inspect(wait_ms)}"
+    end
 
     ref = "turn-" <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
+    turn = %{conversation_uuid: conversation_uuid, user_uuid: user_uuid, ref: ref, ttl_s: ttl_s}
     deadline = System.monotonic_time(:millisecond) + wait_ms
 
-    case acquire(conversation_uuid, user_uuid, ref, ttl_s, deadline, @retry_first_ms) do
-      :ok ->
-        hold(
-          %{conversation_uuid: conversation_uuid, user_uuid: user_uuid, ref: ref, ttl_s: ttl_s},
-          fun
-        )
-
-      {:error, reason} ->
-        {:error, reason}
-    end
+    with :ok <- acquire(turn, deadline, @retry_first_ms), do: hold(turn, fun)
   end
 
-  def run(_conversation_uuid, _user_uuid, _opts, fun),
-    do:
-      raise(
-        ArgumentError,
-        "invalid fun: expected a function of one argument, got: #{inspect(fun)}"
-      )
+  def run(_conversation_uuid, _user_uuid, _opts, fun) do
+    raise ArgumentError, "invalid fun: expected a function of one argument, got: #{inspect(fun)}"
+  end
 
   # Tries again while refused, with a capped, jittered back-off, until the
   # deadline; errors (Locks.Error) are not refusals and raise at once.
-  defp acquire(chat, user, ref, ttl_s, deadline, pause) do
-    case Locks.acquire(chat, user, ref, ttl_s) do
-      :ok ->
-        :ok
+  defp acquire(turn, deadline, pause) do
+    with {:error, _} = refused <-
+           Locks.acquire(turn.conversation_uuid, turn.user_uuid, turn.ref, turn.ttl_s) do
+      left = deadline - System.monotonic_time(:millisecond)
 
-      {:error, _} = refused ->
-        left = deadline - System.monotonic_time(:millisecond)
-
-        if left <= 0 do
-          refused
-        else
-          Process.sleep(min(left, pause - :rand.uniform(div(pause, 4) + 1) + 1))
-          acquire(chat, user, ref, ttl_s, deadline, min(pause * 2, @retry_max_ms))
-        end
+      if left <= 0 do
+        refused
+      else
+        Process.sleep(min(left, pause - :rand.uniform(div(pause, 4) + 1) + 1))
+        acquire(turn, deadline, min(pause * 2, @retry_max_ms))
+      end
     end
   end
 
   defp hold(turn, fun) do
     lost = :atomics.new(1, [])
-
-    {:ok, keeper} =
-      DynamicSupervisor.start_child(
-        Locks.Keepers,
-        {__MODULE__.Keeper, Map.merge(turn, %{caller: self(), lost: lost})}
-      )
-
+    keeper_args = Map.merge(turn, %{caller: self(), lost: lost})
+    {:ok, keeper} = DynamicSupervisor.start_child(Locks.Keepers, {Keeper, keeper_args})
     turn = struct!(__MODULE__, Map.merge(turn, %{keeper: keeper, lost: lost}))
 
     try do
       fun.(turn)
     else
-      result -> if __MODULE__.Keeper.finish(keeper), do: {:ok, result}, else: {:lost, result}
+      result -> if Keeper.finish(keeper), do: {:ok, result}, else: {:lost, result}
     after
       # On a raise, a throw or an exit too; once finished, this is a no-op.
-      __MODULE__.Keeper.finish(keeper)
+      Keeper.finish(keeper)
     end
   end
 
@@ -112,16 +89,10 @@ end
 
 defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
   @moduledoc false
-  # Keeps one running turn's locks alive: `keep/4` every ttl/3, so the
-  # lease never gets older than a third of its TTL while the turn runs, and
-  # a turn lost with its node (this process dies with it) frees its chat
-  # within the TTL. When a renewal answers false (the lease expired, or
-  # another turn took a lock over) the turn is lost: the caller is told
-  # ({:turn_lock_lost, ref}, lost?/1, a [:phoenix_kit_agent_locks, :turn,
-  # :lost] event). A renewal that fails with an error (a timeout, a lost
-  # connection) is tried again within the lease before the turn is declared
-  # lost. The locks are released when the turn finishes, when the caller
-  # exits (it is monitored), and when the application stops (terminate/2).
+  # Keeps one running turn's lease: keep/4 every ttl/3, an error retried within
+  # the lease; a renewal that answers false loses the turn (lost?/1, a message
+  # to the caller, a [:turn, :lost] event). It releases the locks when the turn
+  # finishes, when its caller exits, and when the application stops.
 
   use GenServer, restart: :temporary
 
@@ -142,22 +113,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
     Process.monitor(turn.caller)
     every = max(div(turn.ttl_s * 1_000, 3), 1)
     now = System.monotonic_time(:millisecond)
-    state = Map.merge(turn, %{every: every, lease_end: now + turn.ttl_s * 1_000, done: false})
+    state = Map.merge(turn, %{every: every, lease_end: now + turn.ttl_s * 1_000})
     {:ok, schedule(state, every)}
   end
 
+  # terminate/2 releases the locks, before the reply.
   @impl true
-  def handle_call(:finish, _from, %{done: true} = state), do: {:reply, false, state}
-
-  def handle_call(:finish, _from, state) do
-    held = not lost?(state) and keep(state) == true
-    release(state)
-    {:stop, :normal, held, %{state | done: true}}
-  end
+  def handle_call(:finish, _from, state),
+    do: {:stop, :normal, not lost?(state) and keep(state) == true, state}
 
   @impl true
-  def handle_info(:keep, %{done: true} = state), do: {:noreply, state}
-
   def handle_info(:keep, state) do
     started = System.monotonic_time(:millisecond)
 
@@ -169,7 +134,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
         {:noreply, lose(state)}
 
       {:error, _reason} ->
-        # Transient: try again soon, while the lease lasts.
+        # Transient (a timeout, a lost connection): again soon, while the lease lasts.
         left = state.lease_end - System.monotonic_time(:millisecond)
 
         if left > 0,
@@ -178,16 +143,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
     end
   end
 
-  def handle_info({:DOWN, _, :process, caller, _}, %{caller: caller} = state) do
-    unless state.done, do: release(state)
-    {:stop, :normal, %{state | done: true}}
-  end
+  def handle_info({:DOWN, _, :process, caller, _}, %{caller: caller} = state),
+    do: {:stop, :normal, state}
 
   def handle_info(_other, state), do: {:noreply, state}
 
+  # Only the locks this turn still holds go (Locks.release/3).
   @impl true
   def terminate(_reason, state) do
-    unless state.done, do: release(state)
+    Locks.release(state.conversation_uuid, state.user_uuid, state.ref)
+  rescue
+    _ in Locks.Error -> :error
   end
 
   defp schedule(state, ms) do
@@ -207,22 +173,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
     unless lost?(state) do
       :atomics.put(state.lost, 1, 1)
       send(state.caller, {:turn_lock_lost, state.ref})
-
-      Locks.Observe.event([:turn, :lost], %{}, %{
-        ref: state.ref,
-        conversation_uuid: state.conversation_uuid,
-        user_uuid: state.user_uuid
-      })
+      metadata = Map.take(state, [:ref, :conversation_uuid, :user_uuid])
+      Locks.Observe.event([:turn, :lost], %{}, metadata)
     end
 
     state
-  end
-
-  # The locks go only if this turn still holds them: a lock another turn took
-  # over stays that turn's.
-  defp release(state) do
-    Locks.release(state.conversation_uuid, state.user_uuid, state.ref)
-  rescue
-    _ in Locks.Error -> :error
   end
 end
