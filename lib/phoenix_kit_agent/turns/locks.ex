@@ -258,9 +258,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec status() :: %{pool: map(), calls: map(), latency: map()}
   def status do
-    %{capacity: size} = pool = Native.status()
-    pool = Map.take(pool, [:running, :waiting, :served, :connections, :idle])
-    Map.put(Observe.counts(), :pool, Map.put(pool, :size, size))
+    Map.put(Observe.counts(), :pool, Native.status())
   end
 
   ## Running a call

@@ -229,8 +229,10 @@ impl LockPool {
     }
 }
 
-/// Runs `statement` on `conn` ([`send`]), noting when it was sent and, unless
-/// the connection was lost, when the server answered (see `discard`).
+/// Sends `statement` on `conn`: by name (prepared on the connection the first
+/// time) or unnamed with its parameters' types, in one round trip. Notes
+/// when it was sent and, unless the connection was lost, when the server
+/// answered (see `discard`).
 async fn run(
     conn: &mut Conn,
     prepare: Prepare,
@@ -238,47 +240,31 @@ async fn run(
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>> {
     conn.sent = Instant::now();
-    let rows = send(conn, prepare, statement, params).await;
-    if !matches!(rows, Err(Error::Disconnected(_))) {
-        conn.answered = Instant::now();
-    }
-    rows
-}
-
-/// Sends `statement` on `conn`: by name (prepared on the connection the first
-/// time) or unnamed, with its parameters' types, in one round trip.
-async fn send(
-    conn: &mut Conn,
-    prepare: Prepare,
-    statement: &Statement,
-    params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>> {
-    let rows = match prepare {
-        Prepare::Named => {
-            let prepared = match conn.prepared.iter().find(|(name, _)| *name == statement.name) {
-                Some((_, prepared)) => prepared.clone(),
-                None => {
-                    let prepared = conn
-                        .client
-                        .prepare_typed(&statement.text, statement.params)
-                        .await
-                        .map_err(|e| Error::in_flight(&e))?;
-                    conn.prepared.push((statement.name, prepared.clone()));
-                    prepared
-                }
-            };
-            conn.client.query(&prepared, params).await
-        }
-        Prepare::Unnamed => {
+    let rows = async {
+        if prepare == Prepare::Unnamed {
             let typed: Vec<_> = params
                 .iter()
                 .zip(statement.params)
                 .map(|(value, ty)| (*value, ty.clone()))
                 .collect();
-            conn.client.query_typed(&statement.text, &typed).await
+            return conn.client.query_typed(&statement.text, &typed).await;
         }
-    };
-    rows.map_err(|e| Error::in_flight(&e))
+        let prepared = match conn.prepared.iter().find(|(name, _)| *name == statement.name) {
+            Some((_, prepared)) => prepared.clone(),
+            None => {
+                let prepared = conn.client.prepare_typed(&statement.text, statement.params).await?;
+                conn.prepared.push((statement.name, prepared.clone()));
+                prepared
+            }
+        };
+        conn.client.query(&prepared, params).await
+    }
+    .await
+    .map_err(|e| Error::in_flight(&e));
+    if !matches!(rows, Err(Error::Disconnected(_))) {
+        conn.answered = Instant::now();
+    }
+    rows
 }
 
 /// The only row of a statement that returns exactly one.

@@ -239,11 +239,11 @@ fn run<'a>(
     }
 }
 
-/// What the gate and the pool hold right now, for `status/0`.
+/// What the gate and the pool hold right now: `status/0`'s `:pool`.
 #[derive(NifMap)]
 #[rustler(encode)]
 struct Status {
-    capacity: usize,
+    size: usize,
     running: usize,
     waiting: usize,
     served: u64,
@@ -258,7 +258,7 @@ fn status() -> NifResult<Status> {
     let counts = GATE.counts();
     let (connections, idle) = pool.connections();
     Ok(Status {
-        capacity: counts.capacity,
+        size: counts.capacity,
         running: counts.running + counts.granted,
         waiting: counts.waiting,
         served: counts.served,
