@@ -110,24 +110,3 @@ impl FromStr for Prepare {
         }
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modes_are_the_elixir_atoms() {
-        for (name, mode) in [
-            ("disable", SslMode::Disable),
-            ("prefer", SslMode::Prefer),
-            ("require", SslMode::Require),
-            ("verify_ca", SslMode::VerifyCa),
-            ("verify_full", SslMode::VerifyFull),
-        ] {
-            assert_eq!(name.parse::<SslMode>().ok(), Some(mode));
-        }
-        assert!("verify-full".parse::<SslMode>().is_err());
-        assert_eq!("unnamed".parse::<Prepare>().ok(), Some(Prepare::Unnamed));
-        assert!("Unnamed".parse::<Prepare>().is_err());
-    }
-}
