@@ -105,6 +105,13 @@ defmodule PhoenixKitAgent.Turns.LockCase do
     {chat, user, turn}
   end
 
+  @doc "A new user and a click ref, the click holding the user's lock (`acquire_user/4`)."
+  def held_click!(ttl_s, hold_s) do
+    {user, click} = {new_user(), Locks.click_ref()}
+    :ok = Locks.acquire_user(user, click, ttl_s, hold_s)
+    {user, click}
+  end
+
   @doc "A user uuid with no settings row yet."
   def new_user, do: TestDB.uuid()
 

@@ -21,26 +21,33 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
   # Only the Elixir module refuses these: the NIF can run them.
   @limits_only ["256 bytes", "256 bytes in 128 characters", "above ten years"]
 
-  # Calls Locks.fun(args) and asserts it raised ArgumentError naming `name`.
-  defp assert_api_refused(fun, args, name, what) do
-    answer = apply(Locks, fun, args)
-    flunk("#{fun} with #{name} #{what} answered #{inspect(answer)} instead of raising")
+  # Calls fun(args) through the API or the NIF alone and asserts it raised
+  # ArgumentError; the API's message names the argument.
+  defp assert_refused(caller, fun, args, name, what) do
+    answer = if caller == :api, do: apply(Locks, fun, args), else: native(fun, args)
+    flunk("#{caller}: #{fun} with #{name} #{what} answered #{inspect(answer)} instead of raising")
   rescue
     error in ArgumentError ->
-      assert error.message =~ ~r/\Ainvalid #{name}: /,
-             "#{fun} with #{name} #{what}: #{inspect(error.message)} does not name #{name}"
+      if caller == :api do
+        assert error.message =~ ~r/\Ainvalid #{name}: /,
+               "#{fun} with #{name} #{what}: #{inspect(error.message)} does not name #{name}"
+      end
   end
 
-  for {fun, arguments} <- arguments() do
-    describe "the API: #{fun}/#{length(arguments)}" do
+  # The API refuses any value but what it documents; the NIF alone (a caller
+  # that skips the API) every term it cannot use: not the API's limits.
+  for {caller, title} <- [api: "the API:", nif: "the NIF alone: Native.run/4 of"],
+      {fun, arguments} <- arguments() do
+    describe "#{title} #{fun}/#{length(arguments)}" do
       for {{name, kind}, position} <- Enum.with_index(arguments) do
-        test "raises ArgumentError naming #{name} for any value but #{valid(kind)}, and changes no row" do
+        test "raises ArgumentError for #{name} but #{valid(kind)}, and changes no row" do
           {args, ids} = call_that_would_write(unquote(fun))
           before = rows(ids)
 
-          for {what, bad} <- invalid(unquote(kind)) do
+          for {what, bad} <- invalid(unquote(kind)),
+              unquote(caller) == :api or what not in @limits_only do
             args = List.replace_at(args, unquote(position), bad)
-            assert_api_refused(unquote(fun), args, unquote(name), what)
+            assert_refused(unquote(caller), unquote(fun), args, unquote(name), what)
           end
 
           assert rows(ids) == before
@@ -131,34 +138,6 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
 
       assert Locks.keep_user(user, click, 315_360_000, 1) == true
       assert_lock(:user, user, {click, 315_359_999})
-    end
-  end
-
-  defp assert_nif_refused(fun, args, name, what) do
-    answer = native(fun, args)
-
-    flunk(
-      "Native.run/4 of #{fun} with #{name} #{what} answered #{inspect(answer)} instead of raising"
-    )
-  rescue
-    ArgumentError -> :ok
-  end
-
-  for {fun, arguments} <- arguments() do
-    describe "the NIF alone: Native.run/4 of #{fun}/#{length(arguments)}" do
-      for {{name, kind}, position} <- Enum.with_index(arguments) do
-        test "raises ArgumentError for #{name} terms it cannot use, and changes no row" do
-          {args, ids} = call_that_would_write(unquote(fun))
-          before = rows(ids)
-
-          for {what, bad} <- invalid(unquote(kind)), what not in @limits_only do
-            args = List.replace_at(args, unquote(position), bad)
-            assert_nif_refused(unquote(fun), args, unquote(name), what)
-          end
-
-          assert rows(ids) == before
-        end
-      end
     end
   end
 

@@ -106,9 +106,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "taking the lock again with the click that holds it succeeds and re-dates it" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
       backdate!([user: user], 5)
       assert_lock(:user, user, {click, @ttl - @hold + 5})
 

@@ -6,9 +6,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
 
   describe "keep_user/4" do
     test "re-dates the click's lock as if taken now and answers true" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
       backdate!([user: user], @hold - 1)
       assert_lock(:user, user, {click, @ttl - 1})
 
@@ -17,9 +15,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "dates the lock with the ttl_s and hold_s it is given" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
 
       assert Locks.keep_user(user, click, @ttl, 45) == true
       assert_lock(:user, user, {click, @ttl - 45})
@@ -43,9 +39,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "answers false after the click released its lock, and does not lock the row again" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
       :ok = Locks.release_user(user, click)
 
       assert Locks.keep_user(user, click, @ttl, @hold) == false
@@ -98,9 +92,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "addresses the same row whatever the letter case of the uuid" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
       backdate!([user: user], 5)
 
       assert Locks.keep_user(String.upcase(user), click, @ttl, @hold) == true

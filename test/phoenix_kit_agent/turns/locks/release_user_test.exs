@@ -6,9 +6,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
 
   describe "release_user/2" do
     test "frees the user's lock of the click that holds it" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
 
       assert Locks.release_user(user, click) == :ok
       assert_lock(:user, user, {nil, nil})
@@ -52,9 +50,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
     end
 
     test "addresses the same row whatever the letter case of the uuid" do
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
 
       assert Locks.release_user(String.upcase(user), click) == :ok
       assert_lock(:user, user, {nil, nil})
