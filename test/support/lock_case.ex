@@ -112,6 +112,32 @@ defmodule PhoenixKitAgent.Turns.LockCase do
     {user, click}
   end
 
+  @doc """
+  A click's lock taken over by a turn once its hold passed: `{chat, user,
+  click, turn}`, the turn holding both locks.
+  """
+  def click_taken_over!(ttl_s, hold_s) do
+    {user, click} = held_click!(ttl_s, hold_s)
+    {chat, turn} = {TestDB.insert_chat!(), turn_ref()}
+    backdate!([user: user], hold_s + 1)
+    :ok = Locks.acquire(chat, user, turn, ttl_s)
+    {chat, user, click, turn}
+  end
+
+  @doc """
+  A turn (`lost`) whose user's lock went stale and was taken over by a turn
+  of the same user in another chat: `{chat, other_chat, user, lost, turn}`;
+  `lost` still holds `chat`'s lock.
+  """
+  def user_taken_over!(ttl_s) do
+    [chat, other_chat] = insert_chats!(2)
+    {user, lost, turn} = {new_user(), turn_ref("lost"), turn_ref()}
+    :ok = Locks.acquire(chat, user, lost, ttl_s)
+    backdate!([user: user], ttl_s + 1)
+    :ok = Locks.acquire(other_chat, user, turn, ttl_s)
+    {chat, other_chat, user, lost, turn}
+  end
+
   @doc "A user uuid with no settings row yet."
   def new_user, do: TestDB.uuid()
 

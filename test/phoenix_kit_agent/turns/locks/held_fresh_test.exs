@@ -27,12 +27,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false once the user's lock was taken over, though the chat's is still the turn's" do
-      [chat, other_chat] = insert_chats!(2)
-      user = new_user()
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user, lost, @ttl)
-      backdate!([user: user], @ttl + 1)
-      :ok = Locks.acquire(other_chat, user, turn, @ttl)
+      {chat, other_chat, user, lost, turn} = user_taken_over!(@ttl)
       assert_lock(:chat, chat, {lost, 0})
 
       assert Locks.held?(chat, user, lost) == false

@@ -47,13 +47,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "answers false after a turn took the lock over, and leaves the turn's lock as it is" do
-      chat = insert_chat!()
-      user = new_user()
-      click = Locks.click_ref()
-      turn = turn_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
-      backdate!([user: user], @hold + 1)
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {_chat, user, click, turn} = click_taken_over!(@ttl, @hold)
       backdate!([user: user], 3)
       [user: before] = rows(user: user)
 

@@ -26,12 +26,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
     end
 
     test "frees the chat's lock when the user's was taken over by a turn in another chat" do
-      [chat, other_chat] = insert_chats!(2)
-      user = new_user()
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user, lost, @ttl)
-      backdate!([user: user], @ttl + 1)
-      :ok = Locks.acquire(other_chat, user, turn, @ttl)
+      {chat, other_chat, user, lost, turn} = user_taken_over!(@ttl)
 
       assert Locks.release(chat, user, lost) == :ok
 

@@ -30,13 +30,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
     end
 
     test "a late release by a click that was taken over frees nothing of the new holder" do
-      chat = insert_chat!()
-      user = new_user()
-      click = Locks.click_ref()
-      turn = turn_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
-      backdate!([user: user], @hold + 1)
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, click, turn} = click_taken_over!(@ttl, @hold)
 
       assert Locks.release_user(user, click) == :ok
       assert_locks([user: user, chat: chat], user: {turn, 0}, chat: {turn, 0})
