@@ -138,6 +138,19 @@ defmodule PhoenixKitAgent.Turns.LockCase do
     {chat, other_chat, user, lost, turn}
   end
 
+  @doc """
+  A turn (`lost`) whose chat's lock went stale and was taken over by a turn
+  of another user: `{chat, user, other_user, lost, turn}`; `lost` still
+  holds `user`'s lock.
+  """
+  def chat_taken_over!(ttl_s) do
+    {chat, user, lost} = held_turn!(ttl_s)
+    {other_user, turn} = {new_user(), turn_ref()}
+    backdate!([chat: chat], ttl_s + 1)
+    :ok = Locks.acquire(chat, other_user, turn, ttl_s)
+    {chat, user, other_user, lost, turn}
+  end
+
   @doc "A user uuid with no settings row yet."
   def new_user, do: TestDB.uuid()
 

@@ -35,12 +35,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false once the chat's lock was taken over, though the user's is still the turn's" do
-      chat = insert_chat!()
-      [user, other_user] = [new_user(), new_user()]
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user, lost, @ttl)
-      backdate!([chat: chat], @ttl + 1)
-      :ok = Locks.acquire(chat, other_user, turn, @ttl)
+      {chat, user, other_user, lost, turn} = chat_taken_over!(@ttl)
       assert_lock(:user, user, {lost, 0})
 
       assert Locks.held?(chat, user, lost) == false

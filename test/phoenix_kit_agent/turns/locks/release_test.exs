@@ -38,12 +38,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
     end
 
     test "frees the user's lock when the chat's was taken over by a turn of another user" do
-      chat = insert_chat!()
-      [user, other_user] = [new_user(), new_user()]
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user, lost, @ttl)
-      backdate!([chat: chat], @ttl + 1)
-      :ok = Locks.acquire(chat, other_user, turn, @ttl)
+      {chat, user, other_user, lost, turn} = chat_taken_over!(@ttl)
 
       assert Locks.release(chat, user, lost) == :ok
 
