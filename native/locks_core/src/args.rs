@@ -74,11 +74,6 @@ impl TurnRef {
     pub fn new(text: &str) -> Option<Self> {
         (storable(text) && !is_click_ref(text)).then(|| TurnRef(text.to_owned()))
     }
-
-    /// The ref as stored.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 /// A click's ref, as `click_ref/0` makes them.
@@ -89,11 +84,6 @@ impl ClickRef {
     /// A click ref, or `None` for anything that does not start with [`CLICK_REF_PREFIX`].
     pub fn new(text: &str) -> Option<Self> {
         (storable(text) && is_click_ref(text)).then(|| ClickRef(text.to_owned()))
-    }
-
-    /// The ref as stored.
-    pub fn as_str(&self) -> &str {
-        &self.0
     }
 }
 

@@ -102,7 +102,7 @@ impl Job {
                     (true, _) => Acquire::Acquired,
                     (false, None) => Acquire::ConversationBusy,
                     (false, Some(holder)) => {
-                        match AcquireUser::from_holder(holder, turn.as_str()) {
+                        match AcquireUser::from_holder(holder, &turn.0) {
                             AcquireUser::ClickInFlight => Acquire::ClickInFlight,
                             // The user's lock was ours but the chat could not be
                             // written: impossible while the chat row is locked,
@@ -115,7 +115,7 @@ impl Job {
             }
             Job::AcquireUser { click, .. } => {
                 let holder: &str = get(only(rows)?, 0)?;
-                Answer::AcquireUser(AcquireUser::from_holder(holder, click.as_str()))
+                Answer::AcquireUser(AcquireUser::from_holder(holder, &click.0))
             }
             Job::Fresh { .. } | Job::Held { .. } | Job::Keep { .. } | Job::ReleaseStale { .. } => {
                 Answer::Yes(get(only(rows)?, 0)?)

@@ -34,11 +34,7 @@ impl Deadline {
 
     /// The earlier of two deadlines.
     pub fn min(self, other: Deadline) -> Deadline {
-        if other.at < self.at {
-            other
-        } else {
-            self
-        }
+        std::cmp::min_by_key(self, other, |deadline| deadline.at)
     }
 }
 

@@ -11,57 +11,45 @@ use crate::atoms;
 /// with `args` (a list: the Elixir function's arguments, uuids as their 16
 /// bytes). Anything else is a bad argument.
 pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
-    let function: Atom = function.decode()?;
+    let f: Atom = function.decode()?;
     let args: Vec<Term<'_>> = args.decode()?;
+    // A click's user, ref, TTL and hold (checked against the TTL).
+    let click = |u, r, s, h| -> NifResult<_> {
+        let ttl = ttl(s)?;
+        Ok((uuid(u)?, click_ref(r)?, ttl, hold(h, ttl)?))
+    };
+    // Arguments named by their first letter: chat, user, turn or click ref,
+    // seconds of the TTL, hold.
     Ok(match args[..] {
-        [chat, user, turn, ttl_s] if function == atoms::acquire() => Job::Acquire {
-            chat: uuid(chat)?,
-            user: uuid(user)?,
-            turn: turn_ref(turn)?,
-            ttl: ttl(ttl_s)?,
-        },
-        [user, click, ttl_s, hold_s] if function == atoms::acquire_user() => {
-            let ttl = ttl(ttl_s)?;
-            Job::AcquireUser {
-                user: uuid(user)?,
-                click: click_ref(click)?,
-                ttl,
-                hold: hold(hold_s, ttl)?,
-            }
+        [c, u, t, s] if f == atoms::acquire() => {
+            Job::Acquire { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }
         }
-        [chat, turn, ttl_s] if function == atoms::fresh() => {
-            Job::Fresh { chat: uuid(chat)?, turn: turn_ref(turn)?, ttl: ttl(ttl_s)? }
+        [c, u, t, s] if f == atoms::keep() => {
+            Job::Keep { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }
         }
-        [chat, user, turn] if function == atoms::held() => {
-            Job::Held { chat: uuid(chat)?, user: uuid(user)?, turn: turn_ref(turn)? }
+        [c, u, t, s] if f == atoms::release_stale() => {
+            Job::ReleaseStale { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }
         }
-        [chat, user, turn, ttl_s] if function == atoms::keep() => Job::Keep {
-            chat: uuid(chat)?,
-            user: uuid(user)?,
-            turn: turn_ref(turn)?,
-            ttl: ttl(ttl_s)?,
-        },
-        [user, click, ttl_s, hold_s] if function == atoms::keep_user() => {
-            let ttl = ttl(ttl_s)?;
-            Job::KeepUser {
-                user: uuid(user)?,
-                click: click_ref(click)?,
-                ttl,
-                hold: hold(hold_s, ttl)?,
-            }
+        [u, r, s, h] if f == atoms::acquire_user() => {
+            let (user, click, ttl, hold) = click(u, r, s, h)?;
+            Job::AcquireUser { user, click, ttl, hold }
         }
-        [ttl_s] if function == atoms::held_locks() => Job::HeldLocks { ttl: ttl(ttl_s)? },
-        [chat, user, turn] if function == atoms::release() => {
-            Job::Release { chat: uuid(chat)?, user: uuid(user)?, turn: turn_ref(turn)? }
+        [u, r, s, h] if f == atoms::keep_user() => {
+            let (user, click, ttl, hold) = click(u, r, s, h)?;
+            Job::KeepUser { user, click, ttl, hold }
         }
-        [chat, user, turn, ttl_s] if function == atoms::release_stale() => Job::ReleaseStale {
-            chat: uuid(chat)?,
-            user: uuid(user)?,
-            turn: turn_ref(turn)?,
-            ttl: ttl(ttl_s)?,
-        },
-        [user, click] if function == atoms::release_user() => {
-            Job::ReleaseUser { user: uuid(user)?, click: click_ref(click)? }
+        [c, u, t] if f == atoms::held() => {
+            Job::Held { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)? }
+        }
+        [c, u, t] if f == atoms::release() => {
+            Job::Release { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)? }
+        }
+        [c, t, s] if f == atoms::fresh() => {
+            Job::Fresh { chat: uuid(c)?, turn: turn_ref(t)?, ttl: ttl(s)? }
+        }
+        [s] if f == atoms::held_locks() => Job::HeldLocks { ttl: ttl(s)? },
+        [u, r] if f == atoms::release_user() => {
+            Job::ReleaseUser { user: uuid(u)?, click: click_ref(r)? }
         }
         _ => return Err(Error::BadArg),
     })
