@@ -144,7 +144,8 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   holds `user`'s lock.
   """
   def chat_taken_over!(ttl_s) do
-    {chat, user, lost} = held_turn!(ttl_s)
+    {chat, user, lost} = {TestDB.insert_chat!(), new_user(), turn_ref("lost")}
+    :ok = Locks.acquire(chat, user, lost, ttl_s)
     {other_user, turn} = {new_user(), turn_ref()}
     backdate!([chat: chat], ttl_s + 1)
     :ok = Locks.acquire(chat, other_user, turn, ttl_s)

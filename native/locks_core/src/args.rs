@@ -96,11 +96,6 @@ impl Ttl {
     pub fn new(seconds: i64) -> Option<Self> {
         i32::try_from(seconds).ok().filter(|s| *s > 0).map(Ttl)
     }
-
-    /// The seconds, as the statements bind them (`int4`).
-    pub fn seconds(self) -> i32 {
-        self.0
-    }
 }
 
 /// How long a click's lock keeps turns out, whole seconds, at most its TTL.
@@ -112,10 +107,5 @@ impl Hold {
     /// would date the lock into the future.
     pub fn new(seconds: i64, ttl: Ttl) -> Option<Self> {
         i32::try_from(seconds).ok().filter(|s| (1..=ttl.0).contains(s)).map(Hold)
-    }
-
-    /// The seconds, as the statements bind them (`int4`).
-    pub fn seconds(self) -> i32 {
-        self.0
     }
 }

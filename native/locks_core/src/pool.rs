@@ -80,7 +80,7 @@ impl managed::Manager for Manager {
 }
 
 impl LockPool {
-    /// Builds the pool (reading the CA file of a verifying `sslmode`). Does not connect.
+    /// Builds the pool (reading the CA file, if one is set, unless TLS is off). Does not connect.
     pub fn new(settings: Settings) -> Result<Self> {
         let connector = Connector::new(&settings)?;
         let pool = managed::Pool::builder(Manager { connector: connector.clone() })
@@ -113,7 +113,7 @@ impl LockPool {
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = held.insert(self.checkout().await?);
             let statements = self.statements(conn).await?;
-            // Every job's statement is one of sql::LOCKS (the smoke test runs each).
+            // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
             let statement = statements.get(def).ok_or_else(|| unexpected(def.name.into()))?;
             loop {
                 match run(conn, self.settings.prepare, statement, params).await {

@@ -228,6 +228,15 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn identifiers_are_quoted_and_a_prefix_qualifies_both_tables() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(
+            table_names(Some("a\"b")),
+            (format!("\"a\"\"b\".{CHATS}"), format!("\"a\"\"b\".{USERS}"))
+        );
+    }
+
+    #[test]
     fn missing_lock_columns_and_odd_types_are_named() {
         let mut columns = shipped();
         columns.retain(|c| !(c.chats && c.name == "busy_turn_ref"));

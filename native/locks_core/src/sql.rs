@@ -382,6 +382,7 @@ impl Statements {
 mod tests {
     use super::*;
     use crate::schema::tests::shipped;
+    use crate::{ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
 
     fn statements(prefix: Option<&str>) -> Statements {
         Statements::new(&Tables::from_columns(prefix, &shipped()).expect("shipped tables"))
@@ -427,5 +428,36 @@ mod tests {
             assert!(insert.contains("busy_turn_ref, \"updated_at\")"), "{insert}");
             assert!(!update.contains("updated_at"), "{update}");
         }
+    }
+
+    #[test]
+    fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
+        let id = |byte| Uuid::from_bytes(&[byte; 16]).expect("16 bytes");
+        let (chat, user) = (id(1), id(2));
+        let turn = TurnRef::new("turn").expect("a turn ref");
+        let click = ClickRef::new("click:1").expect("a click ref");
+        let ttl = Ttl::new(60).expect("a ttl");
+        let hold = Hold::new(10, ttl).expect("a hold");
+        let jobs = [
+            Job::Acquire { chat, user, turn: turn.clone(), ttl },
+            Job::AcquireUser { user, click: click.clone(), ttl, hold },
+            Job::Fresh { chat, turn: turn.clone(), ttl },
+            Job::Held { chat, user, turn: turn.clone() },
+            Job::Keep { chat, user, turn: turn.clone(), ttl },
+            Job::KeepUser { user, click: click.clone(), ttl, hold },
+            Job::HeldLocks { ttl },
+            Job::Release { chat, user, turn: turn.clone() },
+            Job::ReleaseStale { chat, user, turn, ttl },
+            Job::ReleaseUser { user, click },
+        ];
+        let statements = statements(None);
+        let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();
+        for job in &jobs {
+            let statement = statements.get(job.statement()).expect("built by the pool");
+            assert_eq!(job.params().len(), statement.params.len(), "{}", statement.name);
+        }
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), LOCKS.len());
     }
 }

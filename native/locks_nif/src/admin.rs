@@ -74,7 +74,7 @@ impl Config {
 }
 
 /// Installs a new pool (closing the previous one) and sizes the gate to it.
-/// Connects nothing; reads the CA file when a verifying `sslmode` names one.
+/// Connects nothing; reads the CA file, if one is set, unless TLS is off.
 #[rustler::nif(schedule = "DirtyIo")]
 fn start(env: Env<'_>, config: Config) -> NifResult<Atom> {
     let pool = global::start(config.settings()?).map_err(raise)?;

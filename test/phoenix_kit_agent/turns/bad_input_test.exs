@@ -40,7 +40,7 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
       {fun, arguments} <- arguments() do
     describe "#{title} #{fun}/#{length(arguments)}" do
       for {{name, kind}, position} <- Enum.with_index(arguments) do
-        test "raises ArgumentError for #{name} but #{valid(kind)}, and changes no row" do
+        test "raises ArgumentError for any #{name} but #{valid(kind)}, and changes no row" do
           {args, ids} = call_that_would_write(unquote(fun))
           before = rows(ids)
 

@@ -42,7 +42,10 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
       cache_dir:
         var(env, @cache_env) || :filename.basedir(:user_cache, "phoenix_kit_agent_locks"),
       base_url:
-        String.trim_trailing(var(env, "LOCKS_NIF_BASE_URL") || config[:locks_nif_base_url], "/"),
+        String.trim_trailing(
+          var(env, "LOCKS_NIF_BASE_URL") || Keyword.fetch!(config, :locks_nif_base_url),
+          "/"
+        ),
       proxy: proxy_options(env)
     }
   end

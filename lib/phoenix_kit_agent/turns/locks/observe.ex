@@ -105,10 +105,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
       %{calls: calls, latency: latency} ->
         counts = for {n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n}
 
-        %{
-          calls: Map.put(calls, function, counts),
-          latency: Map.put(latency, function, latency(buckets))
-        }
+        # A call being counted right now may have its outcome and not yet its
+        # latency (write_concurrency counters are read without a snapshot).
+        latency =
+          if Enum.sum(buckets) > 0,
+            do: Map.put(latency, function, latency(buckets)),
+            else: latency
+
+        %{calls: Map.put(calls, function, counts), latency: latency}
     end
   end
 
