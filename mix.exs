@@ -43,8 +43,9 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
     ]
   end
 
-  # The benchmark (bench/, `mix locks.bench`) and the demo (dev/, `mix
-  # locks.demo`) are the project's own: compiled in :dev and :test, never in
+  # The benchmark (bench/, `mix locks.bench`), the demo and the release's
+  # checksum task (dev/, `mix locks.demo`, `mix locks.checksum`) are the
+  # project's own: compiled in :dev and :test, never in
   # a host's release.
   defp elixirc_paths(:test), do: ["lib", "bench", "dev", "test/support"]
   defp elixirc_paths(:dev), do: ["lib", "bench", "dev"]
