@@ -45,8 +45,7 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
 
   # The benchmark (bench/, `mix locks.bench`), the demo and the release's
   # checksum task (dev/, `mix locks.demo`, `mix locks.checksum`) are the
-  # project's own: compiled in :dev and :test, never in
-  # a host's release.
+  # project's own: compiled in :dev and :test, never in a host's release.
   defp elixirc_paths(:test), do: ["lib", "bench", "dev", "test/support"]
   defp elixirc_paths(:dev), do: ["lib", "bench", "dev"]
   defp elixirc_paths(_), do: ["lib"]
