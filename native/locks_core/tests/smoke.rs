@@ -81,6 +81,10 @@ async fn every_call(prepare: Prepare) {
     );
     assert_eq!(run(held.clone()).await, Some(Answer::Yes(true)));
     assert_eq!(run(fresh).await, Some(Answer::Yes(true)));
+    let keep = Job::Keep { chat, user, turn: turn.clone(), ttl };
+    assert_eq!(run(keep).await, Some(Answer::Yes(true)));
+    // Every lock of the shared database: its rows are not this test's to count.
+    assert!(matches!(run(Job::HeldLocks { ttl }).await, Some(Answer::Locks(_))));
     let release_stale = Job::ReleaseStale { chat, user, turn: turn.clone(), ttl };
     assert_eq!(run(release_stale).await, Some(Answer::Yes(false)));
     assert_eq!(
