@@ -29,9 +29,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Junk do
     {:release_user, [:uuid, :click], :release_user}
   ]
 
-  @doc "The lock functions of the API: `{Locks function, arg kinds, Native function}`."
-  def api, do: @api
-
   @doc """
   `n` bad calls from `seed`, as `{module, function, args}`: each Locks
   function and its Native counterpart get the same junk.

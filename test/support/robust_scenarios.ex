@@ -141,26 +141,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults do
   end
 
   @doc """
-  After `delay_ms`, times a 1-byte `File.read!/1` (file I/O runs on the
-  dirty-I/O schedulers, as the lock calls do): `{ms, content}`.
-  """
-  def file_io_during(delay_ms) do
-    path = Path.join(System.tmp_dir!(), "robust_file_io_#{System.unique_integer([:positive])}")
-    File.write!(path, "x")
-
-    receive do
-    after
-      delay_ms -> :ok
-    end
-
-    started = now()
-    content = File.read!(path)
-    ms = now() - started
-    File.rm(path)
-    {ms, content}
-  end
-
-  @doc """
   Starts the probe of the normal schedulers (Bench.Probe, which `mix
   locks.bench` uses too): every 5 ms, a message round trip to another
   process. `stop_probe/1` gives the longest delay in ms, a round trip or a
