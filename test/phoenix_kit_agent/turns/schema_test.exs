@@ -46,17 +46,6 @@ defmodule PhoenixKitAgent.Turns.SchemaTest do
 
       assert Schema.sql(:tables, "phoenix_kit") == expected
     end
-
-    test "a prefix that is not an identifier is an ArgumentError, naming it" do
-      for prefix <- ["", "1x", "a b", ~s(a"b), "x; DROP TABLE y", String.duplicate("a", 64), :kit] do
-        error = assert_raise ArgumentError, fn -> Schema.sql(:tables, prefix) end
-
-        assert error.message ==
-                 "invalid prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63), got: #{inspect(prefix)}"
-      end
-
-      assert_raise FunctionClauseError, fn -> Schema.sql(:drop, nil) end
-    end
   end
 
   describe "statements/2" do
