@@ -98,10 +98,15 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   @doc "A new turn ref, never used before in this VM."
   def turn_ref(label \\ "turn"), do: "#{label}-#{System.unique_integer([:positive])}"
 
-  @doc "A new chat, a new user and a turn ref, the turn holding both locks under `ttl_s`."
-  def held_turn!(ttl_s) do
-    {chat, user, turn} = {TestDB.insert_chat!(), new_user(), turn_ref()}
+  @doc """
+  A new chat, a new user and a turn ref (`turn_ref(label)`), the turn holding
+  both locks under `ttl_s`, taken `age` seconds ago (both backdated).
+  """
+  def held_turn!(ttl_s, opts \\ []) do
+    {chat, user, turn} = {TestDB.insert_chat!(), new_user(), turn_ref(opts[:label] || "turn")}
     :ok = Locks.acquire(chat, user, turn, ttl_s)
+    age = Keyword.get(opts, :age, 0)
+    if age > 0, do: backdate!([chat: chat, user: user], age)
     {chat, user, turn}
   end
 
@@ -144,8 +149,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   holds `user`'s lock.
   """
   def chat_taken_over!(ttl_s) do
-    {chat, user, lost} = {TestDB.insert_chat!(), new_user(), turn_ref("lost")}
-    :ok = Locks.acquire(chat, user, lost, ttl_s)
+    {chat, user, lost} = held_turn!(ttl_s, label: "lost")
     {other_user, turn} = {new_user(), turn_ref()}
     backdate!([chat: chat], ttl_s + 1)
     :ok = Locks.acquire(chat, other_user, turn, ttl_s)

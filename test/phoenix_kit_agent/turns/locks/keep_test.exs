@@ -3,24 +3,16 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
 
   @ttl 15
 
-  # A turn that holds both locks of a new chat and user, taken `age` seconds ago.
-  defp turn_taken(age) do
-    {chat, user, turn} = {insert_chat!(), new_user(), turn_ref()}
-    :ok = Locks.acquire(chat, user, turn, @ttl)
-    if age > 0, do: backdate!([chat: chat, user: user], age)
-    {chat, user, turn}
-  end
-
   describe "keep/4" do
     test "re-dates both locks to the database's now and answers true" do
-      {chat, user, turn} = turn_taken(@ttl - 5)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl - 5)
 
       assert Locks.keep(chat, user, turn, @ttl) == true
       assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
     test "does not revive an expired lease: false, and neither lock is re-dated" do
-      {chat, user, turn} = turn_taken(@ttl + 1)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl + 1)
       before = rows(chat: chat, user: user)
 
       assert Locks.keep(chat, user, turn, @ttl) == false
@@ -28,7 +20,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
     end
 
     test "keeps neither lock when one of them expired" do
-      {chat, user, turn} = turn_taken(0)
+      {chat, user, turn} = held_turn!(@ttl)
       backdate!([user: user], @ttl + 1)
       before = rows(chat: chat, user: user)
 
@@ -37,7 +29,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
     end
 
     test "answers false to a turn that lost its chat to another, and changes nothing" do
-      {chat, user, turn} = turn_taken(@ttl + 1)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl + 1)
       successor = turn_ref("successor")
       :ok = Locks.acquire(chat, new_user(), successor, @ttl)
       backdate!([chat: chat], 3)
@@ -49,7 +41,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
     end
 
     test "answers false to a turn that lost its user's lock to a click, and changes nothing" do
-      {chat, user, turn} = turn_taken(@ttl + 1)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl + 1)
       click = Locks.click_ref()
       :ok = Locks.acquire_user(user, click, @ttl, @ttl)
       backdate!([chat: chat], -(@ttl + 1))
@@ -60,7 +52,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
     end
 
     test "answers false once released, and takes nothing" do
-      {chat, user, turn} = turn_taken(0)
+      {chat, user, turn} = held_turn!(@ttl)
       :ok = Locks.release(chat, user, turn)
 
       assert Locks.keep(chat, user, turn, @ttl) == false
@@ -68,7 +60,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
     end
 
     test "a lease that expires while keep/4 waits for its row is not revived; a take-over then wins" do
-      {chat, user, turn} = turn_taken(0)
+      {chat, user, turn} = held_turn!(@ttl)
       # Another session makes the lease stale and holds the row until keep/4
       # waits for it: keep/4 re-checks its predicate on the row it then gets.
       gate = TestDB.session!()

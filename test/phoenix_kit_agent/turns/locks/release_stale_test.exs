@@ -3,19 +3,9 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
 
   @ttl 60
 
-  # A turn that took both locks `age` seconds ago and never came back.
-  defp lost_turn(age) do
-    chat = insert_chat!()
-    user = new_user()
-    turn = turn_ref("lost")
-    :ok = Locks.acquire(chat, user, turn, @ttl)
-    if age > 0, do: backdate!([chat: chat, user: user], age)
-    {chat, user, turn}
-  end
-
   describe "release_stale/4" do
     test "answers false and frees nothing while the chat's lock is younger than ttl_s" do
-      {chat, user, turn} = lost_turn(0)
+      {chat, user, turn} = held_turn!(@ttl, label: "lost")
       before = rows(chat: chat, user: user)
 
       assert Locks.release_stale(chat, user, turn, @ttl) == false
@@ -23,21 +13,21 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "answers false one second short of ttl_s" do
-      {chat, user, turn} = lost_turn(@ttl - 1)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl - 1, label: "lost")
 
       assert Locks.release_stale(chat, user, turn, @ttl) == false
       assert_locks([chat: chat, user: user], chat: {turn, @ttl - 1}, user: {turn, @ttl - 1})
     end
 
     test "frees both locks as soon as the chat's is older than ttl_s, and answers true" do
-      {chat, user, turn} = lost_turn(@ttl)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl, label: "lost")
 
       assert Locks.release_stale(chat, user, turn, @ttl) == true
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
     test "answers true only once: a second call finds nothing to release" do
-      {chat, user, turn} = lost_turn(@ttl + 1)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
 
       assert Locks.release_stale(chat, user, turn, @ttl) == true
       assert Locks.release_stale(chat, user, turn, @ttl) == false
@@ -45,14 +35,14 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "measures age against the caller's ttl_s" do
-      {chat, user, turn} = lost_turn(30)
+      {chat, user, turn} = held_turn!(@ttl, age: 30, label: "lost")
 
       assert Locks.release_stale(chat, user, turn, 31) == false
       assert Locks.release_stale(chat, user, turn, 29) == true
     end
 
     test "answers false and frees nothing when the stale chat lock is another turn's" do
-      {chat, user, _turn} = lost_turn(@ttl + 1)
+      {chat, user, _turn} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
       before = rows(chat: chat, user: user)
 
       assert Locks.release_stale(chat, user, turn_ref(), @ttl) == false
@@ -60,7 +50,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "answers false and frees nothing once a new turn took the chat over" do
-      {chat, user, lost} = lost_turn(@ttl + 1)
+      {chat, user, lost} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
       turn = turn_ref()
       :ok = Locks.acquire(chat, user, turn, @ttl)
       backdate!([chat: chat, user: user], @ttl + 1)
@@ -72,7 +62,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "frees the chat but leaves the user's lock to the turn that took it over" do
-      {chat, user, lost} = lost_turn(@ttl + 1)
+      {chat, user, lost} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
       other_chat = insert_chat!()
       turn = turn_ref()
       :ok = Locks.acquire(other_chat, user, turn, @ttl)
@@ -82,7 +72,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "frees nothing while the chat's lock is fresh, even when the user's is stale" do
-      {chat, user, turn} = lost_turn(0)
+      {chat, user, turn} = held_turn!(@ttl, label: "lost")
       backdate!([user: user], @ttl + 1)
       before = rows(chat: chat, user: user)
 
@@ -91,7 +81,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "answers true for a stale chat lock whose user has no settings row, and creates none" do
-      {chat, _user, lost} = lost_turn(@ttl + 1)
+      {chat, _user, lost} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
       stranger = new_user()
 
       assert Locks.release_stale(chat, stranger, lost, @ttl) == true
@@ -103,7 +93,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
     end
 
     test "addresses the same rows whatever the letter case of the uuids" do
-      {chat, user, turn} = lost_turn(@ttl + 1)
+      {chat, user, turn} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
 
       assert Locks.release_stale(String.upcase(chat), String.upcase(user), turn, @ttl) == true
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
