@@ -245,4 +245,22 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
       TestDB.close(psql)
     end
   end
+
+  # Not a fault: this module's cluster is the one whose socket directory the
+  # suite knows wherever DATABASE_URL points, and the `locks` role may log in
+  # over it (scripts/pg).
+  describe "a Unix socket directory (socket_dir)" do
+    test "a call connects through the cluster's socket and takes its lock", %{dir: dir, url: url} do
+      [chat] = insert_chats(url, 1)
+      %URI{port: port, path: "/" <> database} = URI.parse(url)
+      socket = [socket_dir: Path.join(dir, "sock"), port: port, username: "locks"]
+      node = Node.start!(app_env: [database: database] ++ socket ++ @timeouts)
+      assert Node.call(node, Locks, :acquire, [chat, TestDB.uuid(), "over-the-socket", 60]) == :ok
+
+      assert TestDB.query!(
+               "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'",
+               url
+             ) == [["over-the-socket"]]
+    end
+  end
 end
