@@ -22,18 +22,16 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use socket2::{SockRef, TcpKeepalive};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client};
 use tokio_postgres_rustls::MakeRustlsConnect;
+use tokio_util::either::Either;
 
 use crate::error::{Error, Result};
 use crate::settings::{Location, Settings, SslMode};
@@ -53,49 +51,9 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(50);
 /// The longest pause between attempts.
 pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
-/// A TCP or Unix socket, as one type for tokio-postgres.
-pub(crate) enum Socket {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
+/// A TCP (`Left`) or Unix (`Right`) socket, as one type for tokio-postgres.
+pub(crate) type Socket = Either<TcpStream, UnixStream>;
 
-/// `$call` on whichever stream `$socket` is.
-macro_rules! either {
-    ($socket:expr, $s:ident => $call:expr) => {
-        match $socket.get_mut() {
-            Socket::Tcp($s) => $call,
-            Socket::Unix($s) => $call,
-        }
-    };
-}
-
-impl AsyncRead for Socket {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        either!(self, s => Pin::new(s).poll_read(cx, buf))
-    }
-}
-
-impl AsyncWrite for Socket {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        either!(self, s => Pin::new(s).poll_write(cx, buf))
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        either!(self, s => Pin::new(s).poll_flush(cx))
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        either!(self, s => Pin::new(s).poll_shutdown(cx))
-    }
-}
 type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
 
 /// Opens connections for one pool.
@@ -198,7 +156,7 @@ impl Connector {
             Location::SocketDir(dir) => {
                 let path = format!("{dir}/.s.PGSQL.{}", self.port);
                 let socket = UnixStream::connect(&path).await;
-                (socket.map(Socket::Unix), path)
+                (socket.map(Either::Right), path)
             }
             Location::Host(host) => (tcp(host, self.port).await, format!("{host}:{}", self.port)),
         };
@@ -243,7 +201,7 @@ async fn tcp(host: &str, port: u16) -> io::Result<Socket> {
         match TcpStream::connect(addr).await {
             Ok(stream) => {
                 tune(&stream)?;
-                return Ok(Socket::Tcp(stream));
+                return Ok(Either::Left(stream));
             }
             Err(e) => last = e,
         }
