@@ -14,31 +14,20 @@ use crate::pool::{get, only};
 use crate::sql::{self, Def};
 use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 
-/// A lock call and its arguments, one variant per function of the Elixir API.
+/// A lock call and its arguments: one variant per function of the Elixir
+/// API, named after it, run as its statement in `sql.rs`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[allow(missing_docs)] // the fields: the Elixir function's arguments
+#[allow(missing_docs)] // the variants and fields: the Elixir functions and their arguments
 pub enum Job {
-    /// Takes the chat's and the user's lock for `turn`, or neither (`sql::ACQUIRE`).
     Acquire { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
-    /// Takes the user's lock alone for a click, dated back by `ttl - hold` (`sql::ACQUIRE_USER`).
     AcquireUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
-    /// Whether the chat's lock is `turn`'s and not older than `ttl` (`sql::FRESH`).
     Fresh { chat: Uuid, turn: TurnRef, ttl: Ttl },
-    /// Whether `turn` holds both locks (`sql::HELD`).
     Held { chat: Uuid, user: Uuid, turn: TurnRef },
-    /// Re-dates both locks of `turn` while it holds both and neither is
-    /// older than `ttl`; `true` when it did (`sql::KEEP`).
     Keep { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
-    /// Re-dates the click's lock as if taken now; `true` when `click` held it (`sql::KEEP_USER`).
     KeepUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
-    /// Every lock taken, oldest first, judged stale by `ttl` (`sql::HELD_LOCKS`).
     HeldLocks { ttl: Ttl },
-    /// Frees whichever of the two locks `turn` still holds (`sql::RELEASE`).
     Release { chat: Uuid, user: Uuid, turn: TurnRef },
-    /// Frees a lost turn's locks while the chat's is still its and older
-    /// than `ttl`; `true` when this call freed it (`sql::RELEASE_STALE`).
     ReleaseStale { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
-    /// Frees the user's lock if `click` still holds it (`sql::RELEASE_USER`).
     ReleaseUser { user: Uuid, click: ClickRef },
 }
 

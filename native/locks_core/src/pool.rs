@@ -16,9 +16,9 @@ use crate::schema::{self, Column, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Def, Statement, Statements};
 
-/// When a call must be answered by: its caller's start plus the checkout,
-/// connect and statement timeouts. The one deadline of a call; every wait of
-/// the call (the connection, the statement, retries) ends by it.
+/// The one deadline of a call: its caller's start plus
+/// [`Settings::call_timeout`]. Every wait of the call (its turn, the
+/// connection, the statement, retries) ends by it.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
     at: Instant,
@@ -43,11 +43,7 @@ impl Deadline {
 /// Building one connects nothing; calls open connections as they need them.
 /// The first call of a pool reads the tables' columns (see `schema.rs`) and
 /// builds the statements; from then on a call is one round trip. A call
-/// that times out, or loses its connection, closes that connection (it is
-/// never handed to another call), cancels its statement on the server, and
-/// closes every idle connection that has not heard from the server since
-/// that statement was sent: they went through the same network path, now
-/// in doubt, whenever they were opened. The next calls get new ones.
+/// that times out or loses its connection never hands it on (`discard`).
 pub struct LockPool {
     pool: managed::Pool<Manager>,
     connector: Connector,
@@ -101,8 +97,7 @@ impl LockPool {
         self.pool.close();
     }
 
-    /// Runs the statement of `def` with `params` on a pooled connection, by
-    /// `deadline`; its rows.
+    /// Runs the statement of `def` with `params` on a pooled connection; its rows.
     async fn query(
         &self,
         deadline: Deadline,
@@ -152,13 +147,9 @@ impl LockPool {
     /// statement may still be running, or be on its way): closes it, asks
     /// the server to cancel the statement when `cancel`, and closes the idle
     /// connections that have not heard from the server since the statement
-    /// was sent.
-    ///
-    /// Not "the connections opened before it": a connection opened just
-    /// after it, but before the path went silent, is as dead, and the next
-    /// call would wait its whole timeout on it. A connection that answered
-    /// after the statement was sent (a login, another call) has shown that
-    /// its path still worked, and stays.
+    /// was sent: their path is in doubt too, whenever they were opened (one
+    /// opened just before the path went silent is as dead), while one that
+    /// answered since (a login, another call) has shown its path works.
     async fn discard(&self, conn: Object<Manager>, cancel: bool) {
         let conn = Object::take(conn);
         let sent = conn.sent;

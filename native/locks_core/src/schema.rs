@@ -10,7 +10,7 @@
 //! A host's tables are not always the ones shipped here: an Ecto migration
 //! makes `inserted_at`/`updated_at` `NOT NULL` without a database default,
 //! may give the settings table a `uuid` key without one, and `busy_since`
-//! may be `timestamp without time zone`. [`Tables::from_columns`] reads the
+//! may be `timestamp without time zone`. `Tables::from_columns` reads the
 //! catalog's answer (the `COLUMNS` statement of `sql.rs`, run once per pool)
 //! and decides how the statements write their times and what a new settings
 //! row needs besides its lock.
