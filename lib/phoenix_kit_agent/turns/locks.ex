@@ -1,18 +1,18 @@
 defmodule PhoenixKitAgent.Turns.Locks do
   @moduledoc """
-  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL: the
-  chat's (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`),
-  one turn at a time per chat, and the user's (the same columns of
-  `phoenix_kit_agent_user_settings`), one turn in flight per user across all
-  their chats. A user with no settings row gets an empty one the first time
-  their lock is taken. A click on a confirmation card takes the user's lock
-  alone (`acquire_user/4`).
+  The two locks a turn of an AI chat holds, rows in PostgreSQL: the chat's
+  (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`), one
+  turn at a time per chat, and the user's (the same columns of
+  `phoenix_kit_agent_user_settings`; a user with no row gets an empty one the
+  first time their lock is taken), one turn in flight per user across all
+  their chats.
 
-  A lock is taken by one atomic statement that succeeds only when it is free
+  A lock is taken by one atomic statement only when it is free
   (`busy_turn_ref` names no holder) or its `busy_since` is older than the
   caller's TTL, so the locks of a node that went down free themselves, with
   no cleanup job. Every time is the database's `now()`. Only the holder's ref
-  frees or re-dates a lock: a late `release/3` cannot free a successor's.
+  frees or re-dates a lock; taking it again with that ref succeeds and
+  re-dates it.
 
   Every call is one statement on a pooled connection, run on a dirty-I/O
   scheduler, at most `pool_size` at once. A refusal is a return value; a
@@ -23,15 +23,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   ## Arguments
 
-    * uuids (`conversation_uuid`, `user_uuid`) are strings in the hyphenated
-      form, in any letter case. A `conversation_uuid` with no row can never
-      be locked: `acquire/4` answers `{:error, :conversation_busy}`.
-    * `turn_ref` is any string of 1 to 255 bytes (valid UTF-8, no NUL byte)
-      that does not start with `"click:"`; `ref` (the click functions) must
-      come from `click_ref/0`. Taking a lock again with the ref that holds it
-      succeeds and re-dates it.
-    * `ttl_s` and `hold_s` are whole seconds: `ttl_s` from 1 to 315_360_000
-      (ten years), `hold_s` from 1 to `ttl_s`.
+    * `conversation_uuid`, `user_uuid`: UUID strings in the hyphenated form,
+      any letter case. A `conversation_uuid` with no row is never locked:
+      `acquire/4` answers `{:error, :conversation_busy}`.
+    * `turn_ref`: a string of 1 to 255 bytes (valid UTF-8, no NUL byte) that
+      does not start with `"click:"`; `ref` (the click functions): one made by
+      `click_ref/0`.
+    * `ttl_s`: whole seconds from 1 to 315_360_000 (ten years); `hold_s`:
+      whole seconds from 1 to `ttl_s`.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
@@ -54,12 +53,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   same user (in another chat) it is `{:error, :turn_in_flight}`, by a click
   `{:error, :click_in_flight}`, and the chat stays free.
 
-      Locks.acquire(chat, user, "turn-1", 120)
-      # => :ok
-      Locks.acquire(chat, other_user, "turn-2", 120)
-      # => {:error, :conversation_busy}
-      Locks.acquire(other_chat, user, "turn-3", 120)
-      # => {:error, :turn_in_flight}
+      :ok = Locks.acquire(chat, user, "turn-1", 120)
+      {:error, :conversation_busy} = Locks.acquire(chat, other_user, "turn-2", 120)
+      {:error, :turn_in_flight} = Locks.acquire(other_chat, user, "turn-3", 120)
   """
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
@@ -72,16 +68,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
   refused with `{:error, :turn_in_flight}` while a turn of the user runs and
   `{:error, :click_in_flight}` while another click does. `ttl_s` is how old
   another holder's lock must be to be taken over: pass a turn's TTL, so a
-  running turn is never taken over. `hold_s` (at most `ttl_s`) is how long
-  this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in the
-  past, so a turn takes it over `hold_s` seconds after it was taken (or last
-  kept with `keep_user/4`) unless it is released with `release_user/2`.
+  running turn is never taken over. `hold_s` is how long this lock keeps
+  turns out: it is dated `ttl_s - hold_s` seconds in the past, so a turn
+  takes it over `hold_s` seconds after it was taken (or last kept with
+  `keep_user/4`) unless it is released with `release_user/2`.
 
       click = Locks.click_ref()
-      Locks.acquire_user(user, click, 120, 30)
-      # => :ok
-      Locks.acquire(chat, user, "turn-1", 120)
-      # => {:error, :click_in_flight}
+      :ok = Locks.acquire_user(user, click, 120, 30)
+      {:error, :click_in_flight} = Locks.acquire(chat, user, "turn-1", 120)
   """
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
@@ -150,8 +144,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   The user's lock goes too, if `turn_ref` still holds it. `true` when this
   call released them, so of several callers at most one gets `true`.
 
-      Locks.release_stale(chat, user, "turn-1", 120)
-      # => false   (still fresh, or not turn-1's)
+      false = Locks.release_stale(chat, user, "turn-1", 120)  # still fresh, or not turn-1's
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
@@ -198,10 +191,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   dies, they free themselves after `ttl_s`; when the application stops, its
   keepers release theirs.
 
-  Options: `:ttl_s` (required), the lease in whole seconds: how long the
-  locks outlive a node that died; `:wait_ms`, how long to keep trying while
-  the locks are refused, with a back-off of 50 ms doubling to 1 s (default
-  `0`: one try).
+  Options: `:ttl_s` (required), the lease in whole seconds; `:wait_ms`, how
+  long to keep trying while the locks are refused, with a back-off of 50 ms
+  doubling to 1 s (default `0`: one try).
 
       Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)
