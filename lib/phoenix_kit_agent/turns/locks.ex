@@ -41,7 +41,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @typedoc "Why `acquire/4` took neither lock."
   @type acquire_error :: :conversation_busy | user_busy()
 
-  # The documented limits of the arguments, checked here and only here.
   @max_ttl_s 315_360_000
   @max_ref_bytes 255
 
@@ -59,9 +58,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
-  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    run(:acquire, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
-  end
+  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s),
+    do: run(:acquire, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
 
   @doc """
   Takes the user's lock alone for `ref`, a click on a confirmation card;
@@ -79,9 +77,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
-  def acquire_user(user_uuid, ref, ttl_s, hold_s) do
-    run(:acquire_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
-  end
+  def acquire_user(user_uuid, ref, ttl_s, hold_s),
+    do: run(:acquire_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   A new ref for a click on a confirmation card: `"click:"` and 32 random hex
@@ -92,9 +89,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
       {true, 38}
   """
   @spec click_ref() :: String.t()
-  def click_ref do
-    click_prefix() <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
-  end
+  def click_ref, do: click_prefix() <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
 
   @doc """
   Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
@@ -115,9 +110,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   stops when the answer is `false`: one of its locks was taken over.
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
-  def held?(conversation_uuid, user_uuid, turn_ref) do
-    run(:held?, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
-  end
+  def held?(conversation_uuid, user_uuid, turn_ref),
+    do: run(:held?, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
@@ -125,18 +119,16 @@ defmodule PhoenixKitAgent.Turns.Locks do
   runs longer than its hold keeps turns out. `true` when `ref` held it.
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
-  def keep_user(user_uuid, ref, ttl_s, hold_s) do
-    run(:keep_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
-  end
+  def keep_user(user_uuid, ref, ttl_s, hold_s),
+    do: run(:keep_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   Releases whichever of the two locks `turn_ref` still holds; a lock that
   another turn took over stays that turn's. Always `:ok`.
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
-  def release(conversation_uuid, user_uuid, turn_ref) do
-    run(:release, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
-  end
+  def release(conversation_uuid, user_uuid, turn_ref),
+    do: run(:release, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Releases the locks of a turn lost with its node: only while the chat's lock
@@ -155,9 +147,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Releases the user's lock if the click `ref` still holds it. Always `:ok`.
   """
   @spec release_user(String.t(), String.t()) :: :ok
-  def release_user(user_uuid, ref) do
-    run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
-  end
+  def release_user(user_uuid, ref),
+    do: run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
 
   @doc """
   Renews a turn's lease: dates both of `turn_ref`'s locks as if taken now,
@@ -169,9 +160,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   it runs.
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
-  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    run(:keep, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
-  end
+  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s),
+    do: run(:keep, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
 
   @doc """
   Runs `fun` as a turn: takes both locks under a new turn ref with a lease
@@ -249,9 +239,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   without a pool.
   """
   @spec status() :: %{pool: map(), calls: map(), latency: map()}
-  def status do
-    Map.put(Observe.counts(), :pool, Native.status())
-  end
+  def status, do: Map.put(Observe.counts(), :pool, Native.status())
 
   ## Running a call
 
@@ -275,9 +263,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc false
   # The NIF call of `function`. Beyond pool_size running calls, a caller waits
   # here on a normal scheduler, first come first served, until its checkout
-  # deadline: for a turn, or for the answer of a call that ran its job in its
-  # own turn (native/locks_nif/src/call.rs). A call that ran others' jobs
-  # sends their answers once it is back on a normal scheduler (:deliver).
+  # deadline: for a turn, or for the answer of a call that ran its job in its own
+  # turn and sends it once back on a normal scheduler (:deliver; call.rs).
   def call(function, start, args) do
     case Native.admit(start, function, args) do
       {:wait, ticket, wait_ms} ->
@@ -293,13 +280,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   defp run_in_turn(token, start, function, args) do
-    case Native.run(token, start, function, args) do
-      {:phoenix_kit_agent_locks, :deliver, answer} ->
-        Native.deliver()
-        answer
-
-      answer ->
-        answer
+    with {:phoenix_kit_agent_locks, :deliver, answer} <- Native.run(token, start, function, args) do
+      Native.deliver()
+      answer
     end
   end
 
@@ -309,12 +292,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp served_answer({:done, answer}), do: answer
   defp served_answer({:raise, exception}), do: raise(exception)
 
-  # The checkout deadline passed. leave/2 either takes the call out of the
-  # queue (or gives back a turn sent just now): :pool_timeout; or says its job
-  # ran, or is running, in another call's turn: its answer is on its way, or
-  # already in the mailbox. That job ends within the call's deadline, so an
-  # answer missing wait_ms later means the call that ran it was killed before
-  # sending it: deliver/0 sends it.
+  # The checkout deadline passed. leave/2 takes the call out of the queue (or
+  # gives back a turn sent just now): :pool_timeout; or says another call's turn
+  # ran or runs its job, so its answer is in the mailbox or due within the call's
+  # deadline: missing wait_ms later, the call that ran it was killed before
+  # sending it, and deliver/0 sends it.
   defp give_up(ticket, function, start, args) do
     case Native.leave(ticket, start) do
       {:served, wait_ms} ->
@@ -323,11 +305,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
         after
           wait_ms ->
             Native.deliver()
-
-            answer_now(ticket, %Error{
-              reason: :timeout,
-              message: "no answer from the call that ran this one within #{wait_ms} ms"
-            })
+            message = "no answer from the call that ran this one within #{wait_ms} ms"
+            answer_now(ticket, %Error{reason: :timeout, message: message})
         end
 
       {:left, pool_timeout} ->
@@ -374,15 +353,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp uuid!(name, value), do: bad!(name, "a hyphenated UUID string", value)
 
   defp turn_ref!(value) do
-    if click_ref?(value),
-      do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value),
-      else: ref!(:turn_ref, value)
+    if click_ref?(value), do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value)
+    ref!(:turn_ref, value)
   end
 
   defp click_ref!(value) do
-    if click_ref?(value),
-      do: ref!(:ref, value),
-      else: bad!(:ref, "a click ref made by click_ref/0", value)
+    unless click_ref?(value), do: bad!(:ref, "a click ref made by click_ref/0", value)
+    ref!(:ref, value)
   end
 
   defp click_ref?(value), do: is_binary(value) and String.starts_with?(value, click_prefix())
