@@ -56,7 +56,5 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   the database refuses it.
   """
   @spec setup!(kind()) :: :ok
-  def setup!(kind \\ :tables) when kind in [:tables, :lock_columns] do
-    Native.setup(kind)
-  end
+  def setup!(kind \\ :tables) when kind in [:tables, :lock_columns], do: Native.setup(kind)
 end
