@@ -143,9 +143,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
     run(:release_stale, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
   end
 
-  @doc """
-  Releases the user's lock if the click `ref` still holds it. Always `:ok`.
-  """
+  @doc "Releases the user's lock if the click `ref` still holds it. Always `:ok`."
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref),
     do: run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
@@ -195,9 +193,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
         when result: term()
   defdelegate with_turn(conversation_uuid, user_uuid, opts, fun), to: Turn, as: :run
 
-  @doc """
-  Whether a turn of `with_turn/4` lost its locks (read from memory: no query).
-  """
+  @doc "Whether a turn of `with_turn/4` lost its locks (read from memory: no query)."
   @spec lost?(Turn.t()) :: boolean()
   defdelegate lost?(turn), to: Turn
 
