@@ -119,21 +119,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
   def handle_info(:keep, state) do
     started = System.monotonic_time(:millisecond)
 
-    case keep(state) do
-      true ->
-        {:noreply, schedule(%{state | lease_end: started + state.ttl_s * 1_000}, state.every)}
+    state =
+      case keep(state) do
+        true ->
+          schedule(%{state | lease_end: started + state.ttl_s * 1_000}, state.every)
 
-      false ->
-        {:noreply, lose(state)}
+        false ->
+          lose(state)
 
-      {:error, _reason} ->
-        # Transient (a timeout, a lost connection): again soon, while the lease lasts.
-        left = state.lease_end - System.monotonic_time(:millisecond)
+        {:error, _reason} ->
+          # Transient (a timeout, a lost connection): again soon, while the lease lasts.
+          left = state.lease_end - System.monotonic_time(:millisecond)
+          if left > 0, do: schedule(state, min(div(state.every, 3) + 1, left)), else: lose(state)
+      end
 
-        if left > 0,
-          do: {:noreply, schedule(state, min(div(state.every, 3) + 1, left))},
-          else: {:noreply, lose(state)}
-    end
+    {:noreply, state}
   end
 
   def handle_info({:DOWN, _, :process, caller, _}, %{caller: caller} = state),
