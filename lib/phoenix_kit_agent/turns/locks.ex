@@ -244,7 +244,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # native side reads the same clock.
   defp stamp, do: System.monotonic_time(:nanosecond)
 
-  # The call, counted for status/0 and, when the host has :telemetry, a span.
   defp run(function, start, args) do
     Observe.start(function, start)
     result = call(function, start, args)
