@@ -97,13 +97,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   another, and nobody can take its lock over yet.
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
-  def fresh?(conversation_uuid, turn_ref, ttl_s) do
-    run(:fresh?, stamp(), [
-      uuid!(:conversation_uuid, conversation_uuid),
-      turn_ref!(turn_ref),
-      ttl!(ttl_s)
-    ])
-  end
+  def fresh?(conversation_uuid, turn_ref, ttl_s),
+    do: run(:fresh?, stamp(), [chat!(conversation_uuid), turn_ref!(turn_ref), ttl!(ttl_s)])
 
   @doc """
   Whether `turn_ref` holds both locks. A turn asks before each round and
@@ -322,7 +317,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   ## anything reaches the native side, which refuses, unworded, what it cannot use.
 
   defp turn!(chat, user, turn_ref),
-    do: [uuid!(:conversation_uuid, chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
+    do: [chat!(chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
+
+  defp chat!(uuid), do: uuid!(:conversation_uuid, uuid)
 
   defp click!(user_uuid, ref, ttl_s, hold_s) do
     ttl_s = ttl!(ttl_s)
