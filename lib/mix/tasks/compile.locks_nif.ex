@@ -47,8 +47,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
   defp build_mode(on, _) when on in ["1", "true"], do: {:source, "#{@build_env}=#{on}"}
   defp build_mode(off, _) when off in ["0", "false"], do: :prebuilt
   defp build_mode(nil, true), do: {:source, "config #{inspect(@app)}, build_from_source: true"}
-  # A host compiles its dependencies in :prod; in :dev and :test (this
-  # repository) a released library would run instead of the checkout's Rust.
+  # :dev and :test are this repository's builds: its Rust, not a release (README, "Switches").
   defp build_mode(nil, _), do: if(Mix.env() in [:dev, :test], do: {:source, nil}, else: :prebuilt)
 
   defp build_mode(other, _),

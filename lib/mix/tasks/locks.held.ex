@@ -1,17 +1,13 @@
 defmodule Mix.Tasks.Locks.Held do
   @shortdoc "Prints the locks taken (chats and users), the oldest first"
   @moduledoc """
-  Prints every lock taken in the database the library is configured for, the
-  oldest first, as `PhoenixKitAgent.Turns.Locks.held_locks/1` lists them:
-  what is stuck, and since when.
+  Prints every lock taken in the configured database, the oldest first, as
+  `PhoenixKitAgent.Turns.Locks.held_locks/1` lists them: what is stuck, and
+  since when. `--ttl` (seconds, default 120): older locks are shown as stale
+  (they may be taken over).
 
       mix locks.held            # stale: older than 120 s
       mix locks.held --ttl 900  # the TTL your turns use
-
-  ## Options
-
-    * `--ttl` - seconds: a lock older than this is shown as stale (it may
-      be taken over). Defaults to 120.
   """
 
   use Mix.Task

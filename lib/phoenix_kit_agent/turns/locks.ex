@@ -1,18 +1,18 @@
 defmodule PhoenixKitAgent.Turns.Locks do
   @moduledoc """
-  The two locks a turn of an AI chat holds, kept as rows in PostgreSQL: the
-  chat's (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`),
-  one turn at a time per chat, and the user's (the same columns of
-  `phoenix_kit_agent_user_settings`), one turn in flight per user across all
-  their chats. A user with no settings row gets an empty one the first time
-  their lock is taken. A click on a confirmation card takes the user's lock
-  alone (`acquire_user/4`).
+  The two locks a turn of an AI chat holds, rows in PostgreSQL: the chat's
+  (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`), one
+  turn at a time per chat, and the user's (the same columns of
+  `phoenix_kit_agent_user_settings`; a user with no row gets an empty one the
+  first time their lock is taken), one turn in flight per user across all
+  their chats.
 
-  A lock is taken by one atomic statement that succeeds only when it is free
+  A lock is taken by one atomic statement only when it is free
   (`busy_turn_ref` names no holder) or its `busy_since` is older than the
   caller's TTL, so the locks of a node that went down free themselves, with
   no cleanup job. Every time is the database's `now()`. Only the holder's ref
-  frees or re-dates a lock: a late `release/3` cannot free a successor's.
+  frees or re-dates a lock; taking it again with that ref succeeds and
+  re-dates it.
 
   Every call is one statement on a pooled connection, run on a dirty-I/O
   scheduler, at most `pool_size` at once. A refusal is a return value; a
@@ -23,15 +23,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   ## Arguments
 
-    * uuids (`conversation_uuid`, `user_uuid`) are strings in the hyphenated
-      form, in any letter case. A `conversation_uuid` with no row can never
-      be locked: `acquire/4` answers `{:error, :conversation_busy}`.
-    * `turn_ref` is any string of 1 to 255 bytes (valid UTF-8, no NUL byte)
-      that does not start with `"click:"`; `ref` (the click functions) must
-      come from `click_ref/0`. Taking a lock again with the ref that holds it
-      succeeds and re-dates it.
-    * `ttl_s` and `hold_s` are whole seconds: `ttl_s` from 1 to 315_360_000
-      (ten years), `hold_s` from 1 to `ttl_s`.
+    * `conversation_uuid`, `user_uuid`: UUID strings in the hyphenated form,
+      any letter case. A `conversation_uuid` with no row is never locked:
+      `acquire/4` answers `{:error, :conversation_busy}`.
+    * `turn_ref`: a string of 1 to 255 bytes (valid UTF-8, no NUL byte) that
+      does not start with `"click:"`; `ref` (the click functions): one made by
+      `click_ref/0`.
+    * `ttl_s`: whole seconds from 1 to 315_360_000 (ten years); `hold_s`:
+      whole seconds from 1 to `ttl_s`.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
@@ -42,7 +41,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @typedoc "Why `acquire/4` took neither lock."
   @type acquire_error :: :conversation_busy | user_busy()
 
-  # The documented limits of the arguments, checked here and only here.
   @max_ttl_s 315_360_000
   @max_ref_bytes 255
 
@@ -54,40 +52,33 @@ defmodule PhoenixKitAgent.Turns.Locks do
   same user (in another chat) it is `{:error, :turn_in_flight}`, by a click
   `{:error, :click_in_flight}`, and the chat stays free.
 
-      Locks.acquire(chat, user, "turn-1", 120)
-      # => :ok
-      Locks.acquire(chat, other_user, "turn-2", 120)
-      # => {:error, :conversation_busy}
-      Locks.acquire(other_chat, user, "turn-3", 120)
-      # => {:error, :turn_in_flight}
+      :ok = Locks.acquire(chat, user, "turn-1", 120)
+      {:error, :conversation_busy} = Locks.acquire(chat, other_user, "turn-2", 120)
+      {:error, :turn_in_flight} = Locks.acquire(other_chat, user, "turn-3", 120)
   """
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
-  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    run(:acquire, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
-  end
+  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s),
+    do: run(:acquire, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
 
   @doc """
   Takes the user's lock alone for `ref`, a click on a confirmation card;
   refused with `{:error, :turn_in_flight}` while a turn of the user runs and
   `{:error, :click_in_flight}` while another click does. `ttl_s` is how old
   another holder's lock must be to be taken over: pass a turn's TTL, so a
-  running turn is never taken over. `hold_s` (at most `ttl_s`) is how long
-  this lock keeps turns out: it is dated `ttl_s - hold_s` seconds in the
-  past, so a turn takes it over `hold_s` seconds after it was taken (or last
-  kept with `keep_user/4`) unless it is released with `release_user/2`.
+  running turn is never taken over. `hold_s` is how long this lock keeps
+  turns out: it is dated `ttl_s - hold_s` seconds in the past, so a turn
+  takes it over `hold_s` seconds after it was taken (or last kept with
+  `keep_user/4`) unless it is released with `release_user/2`.
 
       click = Locks.click_ref()
-      Locks.acquire_user(user, click, 120, 30)
-      # => :ok
-      Locks.acquire(chat, user, "turn-1", 120)
-      # => {:error, :click_in_flight}
+      :ok = Locks.acquire_user(user, click, 120, 30)
+      {:error, :click_in_flight} = Locks.acquire(chat, user, "turn-1", 120)
   """
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
-  def acquire_user(user_uuid, ref, ttl_s, hold_s) do
-    run(:acquire_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
-  end
+  def acquire_user(user_uuid, ref, ttl_s, hold_s),
+    do: run(:acquire_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   A new ref for a click on a confirmation card: `"click:"` and 32 random hex
@@ -98,9 +89,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
       {true, 38}
   """
   @spec click_ref() :: String.t()
-  def click_ref do
-    click_prefix() <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
-  end
+  def click_ref, do: click_prefix() <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
 
   @doc """
   Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
@@ -108,22 +97,16 @@ defmodule PhoenixKitAgent.Turns.Locks do
   another, and nobody can take its lock over yet.
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
-  def fresh?(conversation_uuid, turn_ref, ttl_s) do
-    run(:fresh?, stamp(), [
-      uuid!(:conversation_uuid, conversation_uuid),
-      turn_ref!(turn_ref),
-      ttl!(ttl_s)
-    ])
-  end
+  def fresh?(conversation_uuid, turn_ref, ttl_s),
+    do: run(:fresh?, stamp(), [chat!(conversation_uuid), turn_ref!(turn_ref), ttl!(ttl_s)])
 
   @doc """
   Whether `turn_ref` holds both locks. A turn asks before each round and
   stops when the answer is `false`: one of its locks was taken over.
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
-  def held?(conversation_uuid, user_uuid, turn_ref) do
-    run(:held?, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
-  end
+  def held?(conversation_uuid, user_uuid, turn_ref),
+    do: run(:held?, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
@@ -131,18 +114,16 @@ defmodule PhoenixKitAgent.Turns.Locks do
   runs longer than its hold keeps turns out. `true` when `ref` held it.
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
-  def keep_user(user_uuid, ref, ttl_s, hold_s) do
-    run(:keep_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
-  end
+  def keep_user(user_uuid, ref, ttl_s, hold_s),
+    do: run(:keep_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   Releases whichever of the two locks `turn_ref` still holds; a lock that
   another turn took over stays that turn's. Always `:ok`.
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
-  def release(conversation_uuid, user_uuid, turn_ref) do
-    run(:release, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
-  end
+  def release(conversation_uuid, user_uuid, turn_ref),
+    do: run(:release, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Releases the locks of a turn lost with its node: only while the chat's lock
@@ -150,21 +131,17 @@ defmodule PhoenixKitAgent.Turns.Locks do
   The user's lock goes too, if `turn_ref` still holds it. `true` when this
   call released them, so of several callers at most one gets `true`.
 
-      Locks.release_stale(chat, user, "turn-1", 120)
-      # => false   (still fresh, or not turn-1's)
+      false = Locks.release_stale(chat, user, "turn-1", 120)  # still fresh, or not turn-1's
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
     run(:release_stale, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
   end
 
-  @doc """
-  Releases the user's lock if the click `ref` still holds it. Always `:ok`.
-  """
+  @doc "Releases the user's lock if the click `ref` still holds it. Always `:ok`."
   @spec release_user(String.t(), String.t()) :: :ok
-  def release_user(user_uuid, ref) do
-    run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
-  end
+  def release_user(user_uuid, ref),
+    do: run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
 
   @doc """
   Renews a turn's lease: dates both of `turn_ref`'s locks as if taken now,
@@ -176,9 +153,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   it runs.
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
-  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    run(:keep, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
-  end
+  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s),
+    do: run(:keep, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
 
   @doc """
   Runs `fun` as a turn: takes both locks under a new turn ref with a lease
@@ -198,10 +174,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   dies, they free themselves after `ttl_s`; when the application stops, its
   keepers release theirs.
 
-  Options: `:ttl_s` (required), the lease in whole seconds: how long the
-  locks outlive a node that died; `:wait_ms`, how long to keep trying while
-  the locks are refused, with a back-off of 50 ms doubling to 1 s (default
-  `0`: one try).
+  Options: `:ttl_s` (required), the lease in whole seconds; `:wait_ms`, how
+  long to keep trying while the locks are refused, with a back-off of 50 ms
+  doubling to 1 s (default `0`: one try).
 
       Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)
@@ -213,9 +188,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
         when result: term()
   defdelegate with_turn(conversation_uuid, user_uuid, opts, fun), to: Turn, as: :run
 
-  @doc """
-  Whether a turn of `with_turn/4` lost its locks (read from memory: no query).
-  """
+  @doc "Whether a turn of `with_turn/4` lost its locks (read from memory: no query)."
   @spec lost?(Turn.t()) :: boolean()
   defdelegate lost?(turn), to: Turn
 
@@ -257,9 +230,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   without a pool.
   """
   @spec status() :: %{pool: map(), calls: map(), latency: map()}
-  def status do
-    Map.put(Observe.counts(), :pool, Native.status())
-  end
+  def status, do: Map.put(Observe.counts(), :pool, Native.status())
 
   ## Running a call
 
@@ -268,7 +239,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # native side reads the same clock.
   defp stamp, do: System.monotonic_time(:nanosecond)
 
-  # The call, counted for status/0 and, when the host has :telemetry, a span.
   defp run(function, start, args) do
     Observe.start(function, start)
     result = call(function, start, args)
@@ -283,9 +253,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc false
   # The NIF call of `function`. Beyond pool_size running calls, a caller waits
   # here on a normal scheduler, first come first served, until its checkout
-  # deadline: for a turn, or for the answer of a call that ran its job in its
-  # own turn (native/locks_nif/src/call.rs). A call that ran others' jobs
-  # sends their answers once it is back on a normal scheduler (:deliver).
+  # deadline: for a turn, or for the answer of a call that ran its job in its own
+  # turn and sends it once back on a normal scheduler (:deliver; call.rs).
   def call(function, start, args) do
     case Native.admit(start, function, args) do
       {:wait, ticket, wait_ms} ->
@@ -301,13 +270,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   defp run_in_turn(token, start, function, args) do
-    case Native.run(token, start, function, args) do
-      {:phoenix_kit_agent_locks, :deliver, answer} ->
-        Native.deliver()
-        answer
-
-      answer ->
-        answer
+    with {:phoenix_kit_agent_locks, :deliver, answer} <- Native.run(token, start, function, args) do
+      Native.deliver()
+      answer
     end
   end
 
@@ -317,12 +282,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp served_answer({:done, answer}), do: answer
   defp served_answer({:raise, exception}), do: raise(exception)
 
-  # The checkout deadline passed. leave/2 either takes the call out of the
-  # queue (or gives back a turn sent just now): :pool_timeout; or says its job
-  # ran, or is running, in another call's turn: its answer is on its way, or
-  # already in the mailbox. That job ends within the call's deadline, so an
-  # answer missing wait_ms later means the call that ran it was killed before
-  # sending it: deliver/0 sends it.
+  # The checkout deadline passed. leave/2 takes the call out of the queue (or
+  # gives back a turn sent just now): :pool_timeout; or says another call's turn
+  # ran or runs its job, so its answer is in the mailbox or due within the call's
+  # deadline: missing wait_ms later, the call that ran it was killed before
+  # sending it, and deliver/0 sends it.
   defp give_up(ticket, function, start, args) do
     case Native.leave(ticket, start) do
       {:served, wait_ms} ->
@@ -331,11 +295,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
         after
           wait_ms ->
             Native.deliver()
-
-            answer_now(ticket, %Error{
-              reason: :timeout,
-              message: "no answer from the call that ran this one within #{wait_ms} ms"
-            })
+            message = "no answer from the call that ran this one within #{wait_ms} ms"
+            answer_now(ticket, %Error{reason: :timeout, message: message})
         end
 
       {:left, pool_timeout} ->
@@ -356,7 +317,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   ## anything reaches the native side, which refuses, unworded, what it cannot use.
 
   defp turn!(chat, user, turn_ref),
-    do: [uuid!(:conversation_uuid, chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
+    do: [chat!(chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
+
+  defp chat!(uuid), do: uuid!(:conversation_uuid, uuid)
 
   defp click!(user_uuid, ref, ttl_s, hold_s) do
     ttl_s = ttl!(ttl_s)
@@ -382,15 +345,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp uuid!(name, value), do: bad!(name, "a hyphenated UUID string", value)
 
   defp turn_ref!(value) do
-    if click_ref?(value),
-      do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value),
-      else: ref!(:turn_ref, value)
+    if click_ref?(value), do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value)
+    ref!(:turn_ref, value)
   end
 
   defp click_ref!(value) do
-    if click_ref?(value),
-      do: ref!(:ref, value),
-      else: bad!(:ref, "a click ref made by click_ref/0", value)
+    unless click_ref?(value), do: bad!(:ref, "a click ref made by click_ref/0", value)
+    ref!(:ref, value)
   end
 
   defp click_ref?(value), do: is_binary(value) and String.starts_with?(value, click_prefix())

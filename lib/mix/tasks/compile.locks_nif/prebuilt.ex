@@ -33,6 +33,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   def settings(root, env) do
     config = Mix.Project.config()
     arch = List.to_string(:erlang.system_info(:system_architecture))
+    base_url = var(env, "LOCKS_NIF_BASE_URL") || Keyword.fetch!(config, :locks_nif_base_url)
 
     %{
       version: config[:version],
@@ -41,11 +42,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
       checksum_file: checksum_file(root),
       cache_dir:
         var(env, @cache_env) || :filename.basedir(:user_cache, "phoenix_kit_agent_locks"),
-      base_url:
-        String.trim_trailing(
-          var(env, "LOCKS_NIF_BASE_URL") || Keyword.fetch!(config, :locks_nif_base_url),
-          "/"
-        ),
+      base_url: String.trim_trailing(base_url, "/"),
       proxy: proxy_options(env)
     }
   end
@@ -196,7 +193,6 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  # One artifact a line, in name order.
   def write_checksums(path, checksums) when checksums == %{}, do: File.write!(path, "%{}\n")
 
   def write_checksums(path, checksums) do

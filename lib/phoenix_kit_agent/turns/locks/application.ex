@@ -1,8 +1,5 @@
 defmodule PhoenixKitAgent.Turns.Locks.Application do
   @moduledoc false
-  # Installs the native pool when the application starts (from the configuration
-  # of that moment; it connects on first use, so only a bad setting stops the
-  # start) and closes it when the application stops.
 
   use Application
 
@@ -36,10 +33,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
   end
 
   @impl true
-  def stop(_state) do
-    Native.stop()
-    :ok
-  end
+  def stop(_state), do: Native.stop()
 
   # A NIF that raises puts its arguments, the password among them, in the
   # stacktrace: the same exception is raised again from here, without them.

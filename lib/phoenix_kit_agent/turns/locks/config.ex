@@ -1,10 +1,8 @@
 defmodule PhoenixKitAgent.Turns.Locks.Config do
   @moduledoc false
-  # The one configuration pipeline (the README's "Configuration"): when the
-  # application starts, every source becomes one struct of checked values,
-  # which the NIF decodes as it is. Every default, range and name lives here.
-  # A bad setting raises Locks.Error :config naming the setting, never a URL
-  # or a password; inspect/1 hides the password (the struct keeps no URL).
+  # The README's "Configuration", resolved into one struct of checked values
+  # that the NIF decodes as it is: every default, range and name lives here.
+  # The struct keeps no URL; inspect/1 hides the password.
 
   alias PhoenixKitAgent.Turns.Locks.Error
 
@@ -16,7 +14,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
   @fields @connection ++ [:prefix, :pool_size] ++ @timeouts ++ [:prepare]
   @settings [:repo, :url] ++ @fields
-  # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif.Prebuilt): allowed, ignored here.
+  # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif): allowed, ignored here.
   @build_settings [:build_from_source]
   # What the library takes from a repo's config/0 as it is.
   @repo_settings ~w(hostname port username password database socket_dir prefix prepare)a
@@ -34,11 +32,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   @type t :: %__MODULE__{}
 
-  @doc """
-  The settings from the application environment (or `env`): `{:ok, config}`,
-  or `:unconfigured` when no source names a server. Raises
-  `PhoenixKitAgent.Turns.Locks.Error` (`:config`) naming the first bad setting.
-  """
+  @doc "`{:ok, config}`, or `:unconfigured` when no source names a server."
   @spec read(keyword()) :: {:ok, t()} | :unconfigured
   def read(env \\ Application.get_all_env(@app)) do
     own = own_settings!(env)
@@ -117,7 +111,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     end
   end
 
-  @doc false
   # The checked `value` of setting `key`; `name` is what an error calls it: the
   # key, or where it came from (`url`, `DATABASE_URL`, `MyApp.Repo.config()[:port]`).
   def check!(key, value, name)
@@ -158,12 +151,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp text?(value),
     do: is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>)
 
-  @doc false
   # What a schema prefix must be, for settings and function arguments alike.
   def prefix?(prefix),
     do: is_binary(prefix) and prefix =~ ~r/\A[A-Za-z_][A-Za-z0-9_$]{0,62}\z/
 
-  @doc false
   def prefix_rule,
     do: "must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)"
 
@@ -186,9 +177,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     "prepare" => :prepare
   }
 
-  # `postgres://user:password@host:port/database?sslmode=…` (or postgresql://).
   # Errors name the source and the part, never the text.
-  @doc false
   def parse_url!(url, name) do
     uri = URI.parse(if text?(url), do: url, else: bad!(name, "must be a string"))
 
@@ -203,11 +192,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     if uri.port == nil and String.contains?(String.replace(hostport, ~r/\A\[[^\]]*\]/, ""), ":"),
       do: bad!(name, "has a port that is not a number")
 
-    {username, password} =
-      case String.split(userinfo, ":", parts: 2) do
-        [user] -> {decode!(user, name), nil}
-        [user, password] -> {decode!(user, name), decode!(password, name)}
-      end
+    [username | password] =
+      for part <- String.split(userinfo, ":", parts: 2), do: decode!(part, name)
 
     parameters =
       for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
@@ -221,7 +207,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       hostname: uri.host && uri.host != "" && decode!(uri.host, name),
       port: uri.port,
       username: username,
-      password: password,
+      password: List.first(password),
       database:
         uri.path not in [nil, "", "/"] && decode!(String.trim_leading(uri.path, "/"), name)
     ]

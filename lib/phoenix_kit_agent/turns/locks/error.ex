@@ -1,21 +1,18 @@
 defmodule PhoenixKitAgent.Turns.Locks.Error do
   @moduledoc """
-  Raised when a lock call cannot be answered: the database is unreachable, a
-  timeout passed, PostgreSQL refused the statement, or the library is not
-  started. A busy lock is never an error: it is `{:error, reason}`.
-
-  Match on `:reason`. Each says how far the call got, which is what a
-  caller needs to recover (the README's "Errors" has a table of what to do):
+  Raised when a lock call cannot be answered (a busy lock is never an error:
+  it is `{:error, reason}`). Match on `:reason`: it says how far the call got,
+  which is what a caller needs to recover (the README's "Errors" has a table
+  of what to do):
 
     * `:connect` — no connection could be opened; nothing was sent;
     * `:pool_timeout` — every connection stayed busy for `:checkout_timeout`;
       nothing was sent;
-    * `:timeout` — the database did not answer within the call's time (the
-      sum of `:checkout_timeout`, `:connect_timeout` and
-      `:statement_timeout`); the statement **may have run**. Its connection
-      was closed and the statement cancelled;
-    * `:disconnected` — the connection was lost while the statement was in
-      flight (a server shutdown, `pg_terminate_backend`, a broken path); the
+    * `:timeout` — no answer within the call's time (`:checkout_timeout` +
+      `:connect_timeout` + `:statement_timeout`); the statement **may have
+      run**; its connection was closed and the statement cancelled;
+    * `:disconnected` — the connection was lost with the statement in flight
+      (a server shutdown, `pg_terminate_backend`, a broken path); the
       statement **may have run**;
     * `:statement` — PostgreSQL refused the statement, which changed nothing;
       `:sqlstate` says why (`"42P01"`: the tables are missing);

@@ -1,9 +1,7 @@
 defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @moduledoc false
-  # What each lock call did, for Locks.status/0 (lock-free :counters: calls by
-  # function and outcome, and a latency histogram by function) and for
-  # :telemetry, when the host has it (the README's "Observability"): looked up
-  # once when the application starts, never a compile-time dependency.
+  # Each lock call, counted for Locks.status/0 (lock-free :counters) and, when
+  # the host has :telemetry, a span of events (the README's "Observability").
 
   @functions ~w(acquire acquire_user fresh? held? keep keep_user
                 release release_stale release_user held_locks)a
@@ -16,7 +14,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @counters {__MODULE__, :counters}
   @telemetry {__MODULE__, :telemetry}
 
-  @doc "Makes the counters and looks `:telemetry` up; once, when the application starts."
   def setup do
     unless :persistent_term.get(@counters, nil) do
       counters = :counters.new(length(@functions) * @per_function, [:write_concurrency])
@@ -26,7 +23,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
   end
 
-  @doc "Emits the call's `:start` event (when :telemetry is there)."
   def start(function, start) do
     if telemetry?() do
       measurements = %{monotonic_time: start, system_time: System.system_time()}
@@ -34,14 +30,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     end
   end
 
-  @doc "Counts an answered call and emits its `:stop` event."
   def stop(function, start, result) do
     outcome = outcome(result)
     duration = count(function, start, outcome)
     if telemetry?(), do: emit([function, :stop], measures(duration), %{result: outcome})
   end
 
-  @doc "Counts a failed call and emits its `:exception` event."
   def exception(function, start, error, stacktrace) do
     reason = Map.get(error, :reason, :other)
     duration = count(function, start, if(reason in @outcomes, do: reason, else: :other))
@@ -52,7 +46,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     end
   end
 
-  @doc "Emits `[:phoenix_kit_agent_locks | event]` (when :telemetry is there)."
   def event(event, measurements, metadata),
     do: if(telemetry?(), do: emit(event, measurements, metadata))
 

@@ -1,10 +1,9 @@
 defmodule PhoenixKitAgent.Turns.Locks.Schema do
   @moduledoc """
   The tables the locks live in, as idempotent DDL of two kinds: `:tables`
-  creates `phoenix_kit_agent_conversations` and
-  `phoenix_kit_agent_user_settings` (the file `priv/schema.sql`);
-  `:lock_columns` only adds `busy_since` / `busy_turn_ref` and the unique
-  index on `user_uuid` to tables a host already has.
+  creates `phoenix_kit_agent_conversations` and `phoenix_kit_agent_user_settings`
+  (the file `priv/schema.sql`); `:lock_columns` only adds `busy_since` /
+  `busy_turn_ref` and the unique index on `user_uuid` to tables a host already has.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Config, Native}
@@ -28,12 +27,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   end
 
   @doc """
-  The DDL of `sql/2` one statement at a time, without comments or the
-  final `;`.
-
-  An Ecto migration runs each with `execute/1`: Postgrex prepares what it
-  sends, and PostgreSQL refuses several commands in one prepared statement,
-  so the script of `sql/2` cannot go through `execute/1` whole.
+  The DDL of `sql/2` one statement at a time, without comments or the final
+  `;`, for an Ecto migration's `execute/1`: Postgrex prepares what it sends,
+  and PostgreSQL refuses several commands in one prepared statement.
 
       iex> PhoenixKitAgent.Turns.Locks.Schema.statements(:lock_columns, "phoenix_kit")
       ...> |> Enum.map(&(&1 |> String.split() |> Enum.take(3) |> Enum.join(" ")))
@@ -60,7 +56,5 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   the database refuses it.
   """
   @spec setup!(kind()) :: :ok
-  def setup!(kind \\ :tables) when kind in [:tables, :lock_columns] do
-    Native.setup(kind)
-  end
+  def setup!(kind \\ :tables) when kind in [:tables, :lock_columns], do: Native.setup(kind)
 end

@@ -1,10 +1,8 @@
 defmodule PhoenixKitAgent.Turns.Locks.Turn do
   @moduledoc """
-  A turn run by `PhoenixKitAgent.Turns.Locks.with_turn/4`, its locks kept
-  alive by a keeper process while it runs. Fields: `conversation_uuid`,
-  `user_uuid`, `ref` (the turn's ref, made by the runner) and `ttl_s` (the
-  lease). `PhoenixKitAgent.Turns.Locks.lost?/1` tells whether it still holds
-  its locks.
+  A turn of `PhoenixKitAgent.Turns.Locks.with_turn/4`: its `conversation_uuid`,
+  `user_uuid`, `ref` (made by `with_turn/4`) and `ttl_s` (the lease);
+  `PhoenixKitAgent.Turns.Locks.lost?/1` tells whether it still holds its locks.
   """
 
   alias PhoenixKitAgent.Turns.Locks
@@ -22,7 +20,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
           lost: :atomics.atomics_ref()
         }
 
-  # A refused acquire is tried again after this, doubling, up to the cap.
   @retry_first_ms 50
   @retry_max_ms 1_000
 
@@ -51,8 +48,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     raise ArgumentError, "invalid fun: expected a function of one argument, got: #{inspect(fun)}"
   end
 
-  # Tries again while refused, with a capped, jittered back-off, until the
-  # deadline; errors (Locks.Error) are not refusals and raise at once.
+  # Again while refused, until the deadline; an error (Locks.Error) raises at once.
   defp acquire(turn, deadline, pause) do
     with {:error, _} = refused <-
            Locks.acquire(turn.conversation_uuid, turn.user_uuid, turn.ref, turn.ttl_s) do
@@ -89,10 +85,7 @@ end
 
 defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
   @moduledoc false
-  # Keeps one running turn's lease: keep/4 every ttl/3, an error retried within
-  # the lease; a renewal that answers false loses the turn (lost?/1, a message
-  # to the caller, a [:turn, :lost] event). It releases the locks when the turn
-  # finishes, when its caller exits, and when the application stops.
+  # Keeps one turn's lease and releases its locks, as Locks.with_turn/4's doc says.
 
   use GenServer, restart: :temporary
 
@@ -126,21 +119,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
   def handle_info(:keep, state) do
     started = System.monotonic_time(:millisecond)
 
-    case keep(state) do
-      true ->
-        {:noreply, schedule(%{state | lease_end: started + state.ttl_s * 1_000}, state.every)}
+    state =
+      case keep(state) do
+        true ->
+          schedule(%{state | lease_end: started + state.ttl_s * 1_000}, state.every)
 
-      false ->
-        {:noreply, lose(state)}
+        false ->
+          lose(state)
 
-      {:error, _reason} ->
-        # Transient (a timeout, a lost connection): again soon, while the lease lasts.
-        left = state.lease_end - System.monotonic_time(:millisecond)
+        {:error, _reason} ->
+          # Transient (a timeout, a lost connection): again soon, while the lease lasts.
+          left = state.lease_end - System.monotonic_time(:millisecond)
+          if left > 0, do: schedule(state, min(div(state.every, 3) + 1, left)), else: lose(state)
+      end
 
-        if left > 0,
-          do: {:noreply, schedule(state, min(div(state.every, 3) + 1, left))},
-          else: {:noreply, lose(state)}
-    end
+    {:noreply, state}
   end
 
   def handle_info({:DOWN, _, :process, caller, _}, %{caller: caller} = state),
@@ -148,7 +141,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
 
   def handle_info(_other, state), do: {:noreply, state}
 
-  # Only the locks this turn still holds go (Locks.release/3).
+  # Every ending comes here: finish, the caller's exit, a shutdown (exits are trapped).
   @impl true
   def terminate(_reason, state) do
     Locks.release(state.conversation_uuid, state.user_uuid, state.ref)
