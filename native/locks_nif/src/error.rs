@@ -1,10 +1,5 @@
-//! The one place where a `locks_core::Error` becomes an Elixir exception:
-//! `PhoenixKitAgent.Turns.Locks.Error`, with a `reason` atom to match on,
-//! the SQLSTATE when PostgreSQL refused a statement, and a message that never
-//! contains the database password.
-//!
-//! A term the NIF cannot use as an argument is `rustler::Error::BadArg`
-//! (an `ArgumentError`) and never gets here: the Elixir API words those.
+//! The one place where a `locks_core::Error` becomes an Elixir exception,
+//! `PhoenixKitAgent.Turns.Locks.Error`.
 
 use locks_core::Error;
 use rustler::{Atom, NifException};
