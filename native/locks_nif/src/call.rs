@@ -93,22 +93,15 @@ impl Drop for Kept {
 /// `deliver/0` comes meanwhile waits for this, and then finds its answer in
 /// its mailbox (none comes later). On a normal scheduler only (see the
 /// module doc). The answers are locked before the gate, never the other way.
-fn send_answers(env: Env<'_>) {
-    send_answers_from(env, answered());
-}
-
-/// As [`send_answers`], unless another call is sending them right now:
-/// what `admit/3` does for the answers of a call whose process was killed,
-/// without ever waiting on a normal scheduler for a lock.
-fn send_answers_if_free(env: Env<'_>) {
-    match ANSWERED.try_lock() {
-        Ok(answers) => send_answers_from(env, answers),
-        Err(TryLockError::Poisoned(poisoned)) => send_answers_from(env, poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => {}
-    }
-}
-
-fn send_answers_from(env: Env<'_>, mut answers: MutexGuard<'_, Vec<Answered>>) {
+/// Unless `wait`, nothing when another call is sending them right now: what
+/// `admit/3` does, never waiting on a normal scheduler for a lock.
+fn send_answers(env: Env<'_>, wait: bool) {
+    let mut answers = match ANSWERED.try_lock() {
+        Ok(answers) => answers,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) if wait => answered(),
+        Err(TryLockError::WouldBlock) => return,
+    };
     if answers.is_empty() {
         return;
     }
@@ -129,7 +122,7 @@ fn send_answers_from(env: Env<'_>, mut answers: MutexGuard<'_, Vec<Answered>>) {
 /// does when `run/4` answers `{:phoenix_kit_agent_locks, :deliver, answer}`.
 #[rustler::nif]
 fn deliver(env: Env<'_>) -> rustler::Atom {
-    send_answers(env);
+    send_answers(env, true);
     atoms::ok()
 }
 
@@ -176,7 +169,7 @@ impl Waiters<Waiter> for Callers<'_> {
 /// are a bad argument here.
 #[rustler::nif]
 fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    send_answers_if_free(env);
+    send_answers(env, false);
     let pool = global::current().map_err(raise)?;
     let checkout = pool.settings().checkout_timeout;
     let expires = start.saturating_add(nanos(checkout));
@@ -200,7 +193,7 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
 /// second).
 #[rustler::nif]
 fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
-    send_answers(env);
+    send_answers(env, true);
     let now = now_ns();
     let left = GATE.leave(ticket, now, &Callers(env));
     let pool = global::current().map_err(raise)?;
