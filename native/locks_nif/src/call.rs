@@ -8,7 +8,7 @@
 //!
 //! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`;
 //! * `{:done, answer}` or `{:raise, exception}`: a call that finished in its
-//!   turn ran this job too ([`Call::serve`], up to [`SERVE_AT_MOST`] after
+//!   turn ran this job too ([`serve`], up to [`SERVE_AT_MOST`] after
 //!   its own): the turn goes from job to job on one dirty thread and its
 //!   connection is never idle waiting for a woken process. The answers are
 //!   kept and sent by [`deliver`] from a normal scheduler: by the serving
@@ -20,7 +20,7 @@
 //!
 //! At its checkout deadline a waiter gives up with `leave/2`: out of the
 //! queue (`:pool_timeout`), or told its job ran or runs (`{:served,
-//! wait_ms}`). A turn goes back, and the next waiter gets it, when [`Call`]
+//! wait_ms}`). A turn goes back, and the next waiter gets it, when [`Slot`]
 //! drops, whatever the outcome; a dirty NIF runs to its end even when its
 //! process is killed, so no turn is lost. Turns are handed while the gate is
 //! locked and kept answers sent while they are locked: a caller that gives
@@ -30,7 +30,7 @@
 //! the call once, before it queues, and that stamp starts the call's one
 //! deadline (`locks_core::Deadline`) wherever its job runs.
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use locks_core::admission::{Admission, Gate, Left, Permit, Waiters, Wake};
@@ -43,7 +43,7 @@ use crate::locks::{encode, job};
 
 /// The most waiting jobs a call runs in its turn after its own: each delays
 /// its own caller's answer by one statement, and keeps the connection busy.
-pub const SERVE_AT_MOST: usize = 8;
+const SERVE_AT_MOST: usize = 8;
 
 /// A caller waiting for a turn, with its job and its call's stamp.
 pub struct Waiter {
@@ -55,24 +55,14 @@ pub struct Waiter {
 /// The turns of this VM; its capacity is the installed pool's size.
 pub static GATE: Gate<Waiter> = Gate::new();
 
-/// The answer of a job run in another call's turn, until it is sent.
-struct Answered {
-    pid: LocalPid,
-    ticket: u64,
-    answer: locks_core::Result<Answer>,
-}
+/// The answers [`serve`] got and [`deliver`] has not sent yet: the caller,
+/// the ticket and the answer of each job run in another call's turn.
+static ANSWERED: Mutex<Vec<(LocalPid, u64, locks_core::Result<Answer>)>> = Mutex::new(Vec::new());
 
-/// The answers [`Call::serve`] got and [`deliver`] has not sent yet.
-static ANSWERED: Mutex<Vec<Answered>> = Mutex::new(Vec::new());
-
-fn answered() -> MutexGuard<'static, Vec<Answered>> {
-    ANSWERED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A served job's answer, kept for [`deliver`] when dropped: also if the
-/// job never got one (a panic on the way, which rustler turns into a raise
-/// of the serving call), so that its caller is told and its ticket leaves
-/// the gate; it may have run, so it is told `:disconnected`.
+/// A served job's answer, kept for [`deliver`] when dropped: also if
+/// the job never got one (a panic on the way, which rustler turns into a
+/// raise of the serving call), so that its caller is told and its ticket
+/// leaves the gate; it may have run, so it is told `:disconnected`.
 struct Kept {
     pid: LocalPid,
     ticket: u64,
@@ -84,11 +74,12 @@ impl Drop for Kept {
         let answer = self.answer.take().unwrap_or_else(|| {
             Err(Error::Disconnected("the call that ran this one stopped before its answer".into()))
         });
-        answered().push(Answered { pid: self.pid, ticket: self.ticket, answer });
+        let mut answers = ANSWERED.lock().unwrap_or_else(PoisonError::into_inner);
+        answers.push((self.pid, self.ticket, answer));
     }
 }
 
-/// Sends every answer kept by [`Call::serve`] to its caller, then tells the
+/// Sends every answer kept by [`serve`] to its caller, then tells the
 /// gate, all with the answers locked: a caller whose `leave/2` or
 /// `deliver/0` comes meanwhile waits for this, and then finds its answer in
 /// its mailbox (none comes later). On a normal scheduler only (see the
@@ -99,14 +90,16 @@ fn send_answers(env: Env<'_>, wait: bool) {
     let mut answers = match ANSWERED.try_lock() {
         Ok(answers) => answers,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) if wait => answered(),
+        Err(TryLockError::WouldBlock) if wait => {
+            ANSWERED.lock().unwrap_or_else(PoisonError::into_inner)
+        }
         Err(TryLockError::WouldBlock) => return,
     };
     if answers.is_empty() {
         return;
     }
     let mut tickets = Vec::with_capacity(answers.len());
-    for Answered { pid, ticket, answer } in answers.drain(..) {
+    for (pid, ticket, answer) in answers.drain(..) {
         let reply = match answer {
             Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
             Err(err) => (atoms::raise(), exception(err)).encode(env),
@@ -214,21 +207,68 @@ fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
 /// Runs the call of `function` with `args`, stamped `start`, in the turn
 /// `token`; then, in the same turn, the jobs of the first waiters. Its
 /// answer, or `{:phoenix_kit_agent_locks, :deliver, answer}` when it ran
-/// other jobs, whose answers `deliver/0` then sends.
+/// other jobs, whose answers `deliver/0` then sends. Raises `:pool_timeout`
+/// when the turn lapsed (its checkout deadline passed) or was given back,
+/// `:not_started` without a pool; a term that is not a token or a stamp is
+/// a bad argument.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
-    token: Term<'a>,
+    token: u64,
     start: Term<'a>,
     function: Term<'a>,
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let call = Call::enter(env, token, start)?;
-    let answer = encode(env, &call.run(&job(function, args)?).map_err(raise)?);
-    if call.serve() == 0 {
+    let now = now_ns();
+    // From here on the turn goes back whatever happens.
+    let slot = Slot { env, permit: GATE.enter(token, now, &Callers(env)) };
+    let start: i64 = start.decode()?;
+    let pool = global::current().map_err(raise)?;
+    let Some(permit) = &slot.permit else {
+        return Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)));
+    };
+    let deadline = deadline(start, now, pool.settings());
+    let answer = global::block_on(pool.run(deadline, &job(function, args)?)).and_then(|a| a);
+    let answer = encode(env, &answer.map_err(raise)?);
+    if serve(env, &pool, permit, deadline) == 0 {
         Ok(answer)
     } else {
         Ok((atoms::phoenix_kit_agent_locks(), atoms::deliver(), answer).encode(env))
+    }
+}
+
+/// Runs the jobs of the first waiters in the turn of `permit`, each within
+/// its own deadline and `until`, and keeps each answer for [`deliver`]; stops after
+/// [`SERVE_AT_MOST`], when nobody waits, or at the first job that got no
+/// answer (the database may be in trouble: the rest wait for their own
+/// turns, within their own deadlines). How many it ran.
+fn serve(env: Env<'_>, pool: &LockPool, permit: &Permit, until: Deadline) -> usize {
+    for served in 0..SERVE_AT_MOST {
+        let now = now_ns();
+        let Some((ticket, waiter)) = GATE.serve(permit, now, &Callers(env)) else {
+            return served;
+        };
+        let mut kept = Kept { pid: waiter.pid, ticket, answer: None };
+        let deadline = deadline(waiter.start, now, pool.settings()).min(until);
+        let answer = global::block_on(pool.run(deadline, &waiter.job)).and_then(|a| a);
+        if kept.answer.insert(answer).is_err() {
+            return served + 1;
+        }
+    }
+    SERVE_AT_MOST
+}
+
+/// A turn in use: given back, and the next waiter woken, when dropped.
+struct Slot<'a> {
+    env: Env<'a>,
+    permit: Option<Permit>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            GATE.release(permit, now_ns(), &Callers(self.env));
+        }
     }
 }
 
@@ -258,79 +298,4 @@ fn status() -> NifResult<Status> {
         connections,
         idle,
     })
-}
-
-/// A turn in use: given back, and the next waiter woken, when dropped.
-struct Slot<'a> {
-    env: Env<'a>,
-    permit: Option<Permit>,
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        if let Some(permit) = self.permit.take() {
-            GATE.release(permit, now_ns(), &Callers(self.env));
-        }
-    }
-}
-
-/// A running lock call: its turn, the pool and the deadline.
-pub struct Call<'a> {
-    slot: Slot<'a>,
-    pool: Arc<LockPool>,
-    deadline: Deadline,
-}
-
-impl<'a> Call<'a> {
-    /// Trades the turn `token` for a permit, for a call its caller stamped
-    /// `start`. Raises `:pool_timeout` when the turn lapsed (its checkout
-    /// deadline passed) or was given back, `:not_started` without a pool; a
-    /// term that is not a token or a stamp is a bad argument.
-    pub fn enter(env: Env<'a>, token: Term<'a>, start: Term<'a>) -> NifResult<Self> {
-        let token: u64 = token.decode()?;
-        let now = now_ns();
-        let permit = GATE.enter(token, now, &Callers(env));
-        // From here on the turn goes back whatever happens.
-        let slot = Slot { env, permit };
-        let start: i64 = start.decode()?;
-        let pool = global::current().map_err(raise)?;
-        if slot.permit.is_none() {
-            return Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)));
-        }
-        let deadline = deadline(start, now, pool.settings());
-        Ok(Call { slot, pool, deadline })
-    }
-
-    /// Runs the call's job within its deadline.
-    pub fn run(&self, job: &Job) -> locks_core::Result<Answer> {
-        global::block_on(self.pool.run(self.deadline, job))?
-    }
-
-    /// Runs the jobs of the first waiters in this turn, each within its own
-    /// deadline and this call's, and keeps each answer for [`deliver`];
-    /// stops after [`SERVE_AT_MOST`], when nobody waits, or at the first job
-    /// that got no answer (the database may be in trouble: the rest wait for
-    /// their own turns, within their own deadlines). How many it ran.
-    pub fn serve(&self) -> usize {
-        let env = self.slot.env;
-        let Some(permit) = self.slot.permit.as_ref() else {
-            return 0;
-        };
-        for served in 0..SERVE_AT_MOST {
-            let now = now_ns();
-            let Some((ticket, waiter)) = GATE.serve(permit, now, &Callers(env)) else {
-                return served;
-            };
-            let mut kept = Kept { pid: waiter.pid, ticket, answer: None };
-            let deadline = deadline(waiter.start, now, self.pool.settings()).min(self.deadline);
-            let answer = global::block_on(self.pool.run(deadline, &waiter.job)).and_then(|a| a);
-            let failed = answer.is_err();
-            kept.answer = Some(answer);
-            drop(kept);
-            if failed {
-                return served + 1;
-            }
-        }
-        SERVE_AT_MOST
-    }
 }
