@@ -1,34 +1,36 @@
-//! How one lock call runs: its turn at the gate, its deadline, the pool.
+//! How one lock call runs: its turn at the gate (`locks_core::admission`),
+//! its deadline, the pool.
 //!
 //! A call is at most two NIF calls. `admit/3`, on a normal scheduler, asks
-//! the [`Gate`] for a turn; with one (`token`) the caller runs its job with
+//! the gate for a turn; with one (a token) the caller runs its job with
 //! `run/4` on a dirty-I/O scheduler. A caller that must wait leaves its job
 //! with the gate and waits in Elixir (a `receive`) for a message tagged
 //! `{:phoenix_kit_agent_locks, ticket, _}`:
 //!
 //! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`;
 //! * `{:done, answer}` or `{:raise, exception}`: a call that finished in its
-//!   turn ran this job too ([`serve`], up to [`SERVE_AT_MOST`] after
-//!   its own): the turn goes from job to job on one dirty thread and its
-//!   connection is never idle waiting for a woken process. The answers are
-//!   kept and sent by [`deliver`] from a normal scheduler: by the serving
-//!   caller once back there (`run/4` tells it to), else, if it was killed,
-//!   by the next `admit/3` or `leave/2` of anyone, at the latest by the
-//!   waiter's own `leave/2` or `deliver/0`. Not from the dirty thread: a
-//!   message allocated there must be freed through the VM's aux thread
-//!   (~10 µs of CPU a call at 50 callers).
+//!   turn ran this job too ([`serve`]): the turn goes from job to job on one
+//!   dirty thread and its connection is never idle waiting for a woken
+//!   process. The answers are kept and sent by [`send_answers`] from a
+//!   normal scheduler: by the serving caller once back there (`run/4`
+//!   answers `{:phoenix_kit_agent_locks, :deliver, answer}` and it calls
+//!   `deliver/0`), else, if it was killed, by the next `admit/3` or
+//!   `leave/2` of anyone, at the latest by the waiter's own `leave/2` or
+//!   `deliver/0`. Not from the dirty thread: a message allocated there must
+//!   be freed through the VM's aux thread (~10 µs of CPU a call at 50
+//!   callers).
 //!
-//! At its checkout deadline a waiter gives up with `leave/2`: out of the
-//! queue (`:pool_timeout`), or told its job ran or runs (`{:served,
-//! wait_ms}`). A turn goes back, and the next waiter gets it, when [`Slot`]
-//! drops, whatever the outcome; a dirty NIF runs to its end even when its
-//! process is killed, so no turn is lost. Turns are handed while the gate is
-//! locked and kept answers sent while they are locked: a caller that gives
-//! up finds whatever was meant for it in its mailbox, and nothing later.
-//!
-//! Times are the Erlang monotonic clock in nanoseconds: the caller stamps
-//! the call once, before it queues, and that stamp starts the call's one
-//! deadline (`locks_core::Deadline`) wherever its job runs.
+//! At its checkout deadline a waiter gives up with `leave/2`: `{:left,
+//! exception}` (`:pool_timeout`) when it was still queued or handed a turn
+//! too late, which goes back, or when its answer was sent (it is in the
+//! mailbox); `{:served, wait_ms}` when another call runs its job, or ran it
+//! and has not sent the answer yet, which comes within the call's deadline
+//! (plus a second). A turn goes back, and the next waiter gets it, when its
+//! [`Slot`] drops, whatever the outcome; a dirty NIF runs to its end even
+//! when its process is killed, so no turn is lost. Turns are handed while
+//! the gate is locked (see `Waiters`) and kept answers sent while they are
+//! locked: a caller that gives up finds whatever was meant for it in its
+//! mailbox, and nothing later.
 
 use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
@@ -55,11 +57,11 @@ pub struct Waiter {
 /// The turns of this VM; its capacity is the installed pool's size.
 pub static GATE: Gate<Waiter> = Gate::new();
 
-/// The answers [`serve`] got and [`deliver`] has not sent yet: the caller,
-/// the ticket and the answer of each job run in another call's turn.
+/// The answers [`serve`] got and [`send_answers`] has not sent yet, with the
+/// caller and the ticket each is for.
 static ANSWERED: Mutex<Vec<(LocalPid, u64, locks_core::Result<Answer>)>> = Mutex::new(Vec::new());
 
-/// A served job's answer, kept for [`deliver`] when dropped: also if
+/// A served job's answer, kept for [`send_answers`] when dropped: also if
 /// the job never got one (a panic on the way, which rustler turns into a
 /// raise of the serving call), so that its caller is told and its ticket
 /// leaves the gate; it may have run, so it is told `:disconnected`.
@@ -79,13 +81,10 @@ impl Drop for Kept {
     }
 }
 
-/// Sends every answer kept by [`serve`] to its caller, then tells the
-/// gate, all with the answers locked: a caller whose `leave/2` or
-/// `deliver/0` comes meanwhile waits for this, and then finds its answer in
-/// its mailbox (none comes later). On a normal scheduler only (see the
-/// module doc). The answers are locked before the gate, never the other way.
-/// Unless `wait`, nothing when another call is sending them right now: what
-/// `admit/3` does, never waiting on a normal scheduler for a lock.
+/// Sends every kept answer to its caller, then tells the gate, all with the
+/// answers locked (before the gate, never the other way). Unless `wait`,
+/// nothing when another call is sending them right now: `admit/3` never
+/// waits for a lock on a normal scheduler.
 fn send_answers(env: Env<'_>, wait: bool) {
     let mut answers = match ANSWERED.try_lock() {
         Ok(answers) => answers,
@@ -111,15 +110,13 @@ fn send_answers(env: Env<'_>, wait: bool) {
     GATE.answered(&tickets);
 }
 
-/// Sends the answers of the jobs run in other calls' turns: what a call
-/// does when `run/4` answers `{:phoenix_kit_agent_locks, :deliver, answer}`.
 #[rustler::nif]
 fn deliver(env: Env<'_>) -> rustler::Atom {
     send_answers(env, true);
     atoms::ok()
 }
 
-/// The Erlang monotonic clock, in nanoseconds.
+/// The Erlang monotonic clock in nanoseconds, which callers stamp calls by.
 #[allow(unsafe_code)]
 pub fn now_ns() -> i64 {
     // SAFETY: enif_monotonic_time only reads the VM's clock; it may be
@@ -147,7 +144,6 @@ impl Waiters<Waiter> for Callers<'_> {
         self.0.is_process_alive(waiter.pid)
     }
 
-    /// Sends the waiter its turn (the gate is locked meanwhile).
     fn wake(&self, Wake { who, ticket, token }: Wake<Waiter>) {
         // A waiter that died meanwhile does not need it; its turn lapses.
         let message = (atoms::phoenix_kit_agent_locks(), ticket, (atoms::turn(), token));
@@ -155,11 +151,8 @@ impl Waiters<Waiter> for Callers<'_> {
     }
 }
 
-/// A turn for the call of `function` with `args`, stamped `start`: the
-/// token, or `{:wait, ticket, milliseconds}` (the job left with the gate).
-/// Raises `:pool_timeout` when the checkout timeout has passed already,
-/// `:not_started` without a pool; bad arguments of a caller that must wait
-/// are a bad argument here.
+/// A token, or `{:wait, ticket, ms}` with the job left with the gate; bad
+/// arguments are a bad argument only for a caller that must wait.
 #[rustler::nif]
 fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
     send_answers(env, false);
@@ -177,13 +170,6 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
     }
 }
 
-/// Gives up the wait of `ticket`, a call stamped `start` whose checkout
-/// deadline passed, after sending every answer kept: `{:left, exception}`
-/// (`:pool_timeout`) when it was still queued or handed a turn too late,
-/// which goes back, or when its answer was sent (it is in the mailbox);
-/// `{:served, wait_ms}` when another call is running its job, or ran it and
-/// has not sent the answer yet, which comes within its deadline (plus a
-/// second).
 #[rustler::nif]
 fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
     send_answers(env, true);
@@ -204,13 +190,9 @@ fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
     })
 }
 
-/// Runs the call of `function` with `args`, stamped `start`, in the turn
-/// `token`; then, in the same turn, the jobs of the first waiters. Its
-/// answer, or `{:phoenix_kit_agent_locks, :deliver, answer}` when it ran
-/// other jobs, whose answers `deliver/0` then sends. Raises `:pool_timeout`
-/// when the turn lapsed (its checkout deadline passed) or was given back,
-/// `:not_started` without a pool; a term that is not a token or a stamp is
-/// a bad argument.
+/// Runs the call in the turn `token`, then [`serve`]s. Raises
+/// `:pool_timeout` when the turn lapsed (its checkout deadline passed) or
+/// was given back.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
@@ -238,7 +220,7 @@ fn run<'a>(
 }
 
 /// Runs the jobs of the first waiters in the turn of `permit`, each within
-/// its own deadline and `until`, and keeps each answer for [`deliver`]; stops after
+/// its own deadline and `until`, and keeps each answer; stops after
 /// [`SERVE_AT_MOST`], when nobody waits, or at the first job that got no
 /// answer (the database may be in trouble: the rest wait for their own
 /// turns, within their own deadlines). How many it ran.
@@ -272,7 +254,7 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// What the gate and the pool hold right now: `status/0`'s `:pool`.
+/// `status/0`'s `:pool`: the gate's turns and the pool's connections.
 #[derive(NifMap)]
 #[rustler(encode)]
 struct Status {
@@ -284,7 +266,6 @@ struct Status {
     idle: usize,
 }
 
-/// The gate's turns and the pool's connections (`:not_started` without a pool).
 #[rustler::nif]
 fn status() -> NifResult<Status> {
     let pool = global::current().map_err(raise)?;
