@@ -44,40 +44,32 @@ impl<'a, T: FromStr + 'a> Decoder<'a> for Named<T> {
     }
 }
 
-impl Config {
-    /// The core's settings; a port no socket can have is a bad argument.
-    fn settings(self) -> NifResult<Settings> {
-        let c = self;
-        let port =
-            u16::try_from(c.port).ok().filter(|port| *port > 0).ok_or(rustler::Error::BadArg)?;
-        Ok(Settings {
-            // A socket directory wins over a host name, as in Postgrex.
-            location: match (c.socket_dir, c.hostname) {
-                (Some(dir), _) => Location::SocketDir(dir),
-                (None, host) => Location::Host(host.unwrap_or_default()),
-            },
-            port,
-            username: c.username,
-            password: c.password,
-            database: c.database,
-            sslmode: c.sslmode.0,
-            ssl_ca_file: c.ssl_ca_file,
-            application_name: c.application_name,
-            prefix: c.prefix,
-            pool_size: c.pool_size,
-            connect_timeout: Duration::from_millis(c.connect_timeout),
-            checkout_timeout: Duration::from_millis(c.checkout_timeout),
-            statement_timeout: Duration::from_millis(c.statement_timeout),
-            prepare: c.prepare.0,
-        })
-    }
-}
-
 /// Installs a new pool (closing the previous one) and sizes the gate to it.
 /// Connects nothing; reads the CA file, if one is set, unless TLS is off.
 #[rustler::nif(schedule = "DirtyIo")]
-fn start(env: Env<'_>, config: Config) -> NifResult<Atom> {
-    let pool = global::start(config.settings()?).map_err(raise)?;
+fn start(env: Env<'_>, c: Config) -> NifResult<Atom> {
+    let port = u16::try_from(c.port).ok().filter(|port| *port > 0).ok_or(rustler::Error::BadArg)?;
+    let pool = global::start(Settings {
+        // A socket directory wins over a host name, as in Postgrex.
+        location: match (c.socket_dir, c.hostname) {
+            (Some(dir), _) => Location::SocketDir(dir),
+            (None, host) => Location::Host(host.unwrap_or_default()),
+        },
+        port,
+        username: c.username,
+        password: c.password,
+        database: c.database,
+        sslmode: c.sslmode.0,
+        ssl_ca_file: c.ssl_ca_file,
+        application_name: c.application_name,
+        prefix: c.prefix,
+        pool_size: c.pool_size,
+        connect_timeout: Duration::from_millis(c.connect_timeout),
+        checkout_timeout: Duration::from_millis(c.checkout_timeout),
+        statement_timeout: Duration::from_millis(c.statement_timeout),
+        prepare: c.prepare.0,
+    })
+    .map_err(raise)?;
     GATE.set_capacity(pool.settings().pool_size, now_ns(), &Callers(env));
     Ok(atoms::ok())
 }
