@@ -89,10 +89,8 @@ fn send_answers(env: Env<'_>, wait: bool) {
     let mut answers = match ANSWERED.try_lock() {
         Ok(answers) => answers,
         Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
-        Err(TryLockError::WouldBlock) if wait => {
-            ANSWERED.lock().unwrap_or_else(PoisonError::into_inner)
-        }
-        Err(TryLockError::WouldBlock) => return,
+        Err(TryLockError::WouldBlock) if !wait => return,
+        Err(TryLockError::WouldBlock) => ANSWERED.lock().unwrap_or_else(PoisonError::into_inner),
     };
     if answers.is_empty() {
         return;

@@ -14,7 +14,6 @@ pub struct LocksError {
     sqlstate: Option<String>,
 }
 
-/// Turns a core error into the exception the NIF raises.
 pub fn raise(err: Error) -> rustler::Error {
     rustler::Error::RaiseTerm(Box::new(exception(err)))
 }
