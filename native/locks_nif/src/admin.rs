@@ -1,4 +1,5 @@
-//! Starting and stopping the pool, and the schema DDL.
+//! Starting and stopping the pool, the schema DDL, and what the Elixir side
+//! asks of the library itself.
 
 use std::str::FromStr;
 use std::time::{Duration, Instant};
@@ -11,8 +12,7 @@ use crate::atoms;
 use crate::call::{now_ns, Callers, GATE};
 use crate::error::raise;
 
-/// `PhoenixKitAgent.Turns.Locks.Config`: every setting resolved, defaulted
-/// and checked by the Elixir side, one field per setting.
+/// Every setting, resolved, defaulted and checked by the Elixir side.
 #[derive(NifStruct)]
 #[module = "PhoenixKitAgent.Turns.Locks.Config"]
 #[rustler(decode)]
@@ -44,52 +44,42 @@ impl<'a, T: FromStr + 'a> Decoder<'a> for Named<T> {
     }
 }
 
-impl Config {
-    /// The core's settings; a port no socket can have is a bad argument.
-    fn settings(self) -> NifResult<Settings> {
-        let c = self;
-        let port =
-            u16::try_from(c.port).ok().filter(|port| *port > 0).ok_or(rustler::Error::BadArg)?;
-        Ok(Settings {
-            // A socket directory wins over a host name, as in Postgrex.
-            location: match (c.socket_dir, c.hostname) {
-                (Some(dir), _) => Location::SocketDir(dir),
-                (None, host) => Location::Host(host.unwrap_or_default()),
-            },
-            port,
-            username: c.username,
-            password: c.password,
-            database: c.database,
-            sslmode: c.sslmode.0,
-            ssl_ca_file: c.ssl_ca_file,
-            application_name: c.application_name,
-            prefix: c.prefix,
-            pool_size: c.pool_size,
-            connect_timeout: Duration::from_millis(c.connect_timeout),
-            checkout_timeout: Duration::from_millis(c.checkout_timeout),
-            statement_timeout: Duration::from_millis(c.statement_timeout),
-            prepare: c.prepare.0,
-        })
-    }
-}
-
-/// Installs a new pool (closing the previous one) and sizes the gate to it.
-/// Connects nothing; reads the CA file, if one is set, unless TLS is off.
+/// Installs a new pool and sizes the gate to it. Connects nothing; reads the
+/// CA file, if one is set, unless TLS is off.
 #[rustler::nif(schedule = "DirtyIo")]
-fn start(env: Env<'_>, config: Config) -> NifResult<Atom> {
-    let pool = global::start(config.settings()?).map_err(raise)?;
+fn start(env: Env<'_>, c: Config) -> NifResult<Atom> {
+    let port = u16::try_from(c.port).ok().filter(|port| *port > 0).ok_or(rustler::Error::BadArg)?;
+    let pool = global::start(Settings {
+        // A socket directory wins over a host name, as in Postgrex.
+        location: match (c.socket_dir, c.hostname) {
+            (Some(dir), _) => Location::SocketDir(dir),
+            (None, host) => Location::Host(host.unwrap_or_default()),
+        },
+        port,
+        username: c.username,
+        password: c.password,
+        database: c.database,
+        sslmode: c.sslmode.0,
+        ssl_ca_file: c.ssl_ca_file,
+        application_name: c.application_name,
+        prefix: c.prefix,
+        pool_size: c.pool_size,
+        connect_timeout: Duration::from_millis(c.connect_timeout),
+        checkout_timeout: Duration::from_millis(c.checkout_timeout),
+        statement_timeout: Duration::from_millis(c.statement_timeout),
+        prepare: c.prepare.0,
+    })
+    .map_err(raise)?;
     GATE.set_capacity(pool.settings().pool_size, now_ns(), &Callers(env));
     Ok(atoms::ok())
 }
 
-/// Closes the pool; lock calls raise `:not_started` until the next `start/1`.
 #[rustler::nif(schedule = "DirtyIo")]
 fn stop() -> Atom {
     global::stop();
     atoms::ok()
 }
 
-/// Which DDL: `:tables` or `:lock_columns`; any other atom is a bad argument.
 fn ddl_text(kind: Atom, prefix: Option<&str>) -> NifResult<String> {
     if kind == atoms::tables() {
         Ok(schema::tables(prefix))
@@ -100,13 +90,11 @@ fn ddl_text(kind: Atom, prefix: Option<&str>) -> NifResult<String> {
     }
 }
 
-/// The DDL for `kind` under `prefix` (or none).
 #[rustler::nif]
 fn ddl(kind: Atom, prefix: Option<String>) -> NifResult<String> {
     ddl_text(kind, prefix.as_deref())
 }
 
-/// Runs the DDL for `kind` on the installed pool, under its prefix.
 #[rustler::nif(schedule = "DirtyIo")]
 fn setup(kind: Atom) -> NifResult<Atom> {
     let pool = global::current().map_err(raise)?;
@@ -116,14 +104,11 @@ fn setup(kind: Atom) -> NifResult<Atom> {
     Ok(atoms::ok())
 }
 
-/// `true` once the library is loaded (the Elixir stub answers `false`).
 #[rustler::nif]
 fn loaded() -> bool {
     true
 }
 
-/// The prefix of a click's ref (`click_ref/0`), which the core tells a
-/// refusal's holder by.
 #[rustler::nif]
 fn click_prefix() -> &'static str {
     CLICK_REF_PREFIX

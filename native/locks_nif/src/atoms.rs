@@ -1,45 +1,16 @@
 //! The atoms the NIF returns, raises or sends.
 
 rustler::atoms! {
-    ok,
-    error,
+    ok, error,
     // The lock functions, as the Elixir API names them
-    acquire,
-    acquire_user,
-    fresh = "fresh?",
-    held = "held?",
-    keep,
-    keep_user,
-    held_locks,
-    release,
-    release_stale,
-    release_user,
-    // The gate's answers and messages (call.rs)
-    wait,
-    served,
-    left,
-    turn,
-    done,
-    raise,
-    deliver,
+    acquire, acquire_user, fresh = "fresh?", held = "held?", keep, keep_user, held_locks,
+    release, release_stale, release_user,
+    // The gate's answers and messages (call.rs), and their tag
+    wait, served, left, turn, done, raise, deliver, phoenix_kit_agent_locks,
     // acquire/4 and acquire_user/4 refusals
-    conversation_busy,
-    turn_in_flight,
-    click_in_flight,
+    conversation_busy, turn_in_flight, click_in_flight,
     // PhoenixKitAgent.Turns.Locks.Error reasons
-    config,
-    not_started,
-    connect,
-    pool_timeout,
-    timeout,
-    disconnected,
-    statement,
-    // held_locks/1 kinds
-    chat,
-    user,
-    // DDL kinds
-    tables,
-    lock_columns,
-    // The tag of the messages a waiting caller gets.
-    phoenix_kit_agent_locks,
+    config, not_started, connect, pool_timeout, timeout, disconnected, statement,
+    // held_locks/1 kinds, and DDL kinds
+    chat, user, tables, lock_columns,
 }

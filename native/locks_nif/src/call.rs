@@ -1,36 +1,38 @@
-//! How one lock call runs: its turn at the gate, its deadline, the pool.
+//! How one lock call runs: its turn at the gate (`locks_core::admission`),
+//! its deadline, the pool.
 //!
 //! A call is at most two NIF calls. `admit/3`, on a normal scheduler, asks
-//! the [`Gate`] for a turn; with one (`token`) the caller runs its job with
+//! the gate for a turn; with one (a token) the caller runs its job with
 //! `run/4` on a dirty-I/O scheduler. A caller that must wait leaves its job
 //! with the gate and waits in Elixir (a `receive`) for a message tagged
 //! `{:phoenix_kit_agent_locks, ticket, _}`:
 //!
 //! * `{:turn, token}`: a turn was freed for it; it runs its job with `run/4`;
 //! * `{:done, answer}` or `{:raise, exception}`: a call that finished in its
-//!   turn ran this job too ([`Call::serve`], up to [`SERVE_AT_MOST`] after
-//!   its own): the turn goes from job to job on one dirty thread and its
-//!   connection is never idle waiting for a woken process. The answers are
-//!   kept and sent by [`deliver`] from a normal scheduler: by the serving
-//!   caller once back there (`run/4` tells it to), else, if it was killed,
-//!   by the next `admit/3` or `leave/2` of anyone, at the latest by the
-//!   waiter's own `leave/2` or `deliver/0`. Not from the dirty thread: a
-//!   message allocated there must be freed through the VM's aux thread
-//!   (~10 µs of CPU a call at 50 callers).
+//!   turn ran this job too ([`serve`]): the turn goes from job to job on one
+//!   dirty thread and its connection is never idle waiting for a woken
+//!   process. The answers are kept and sent by [`send_answers`] from a
+//!   normal scheduler: by the serving caller once back there (`run/4`
+//!   answers `{:phoenix_kit_agent_locks, :deliver, answer}` and it calls
+//!   `deliver/0`), else, if it was killed, by the next `admit/3` or
+//!   `leave/2` of anyone, at the latest by the waiter's own `leave/2` or
+//!   `deliver/0`. Not from the dirty thread: a message allocated there must
+//!   be freed through the VM's aux thread (~10 µs of CPU a call at 50
+//!   callers).
 //!
-//! At its checkout deadline a waiter gives up with `leave/2`: out of the
-//! queue (`:pool_timeout`), or told its job ran or runs (`{:served,
-//! wait_ms}`). A turn goes back, and the next waiter gets it, when [`Call`]
-//! drops, whatever the outcome; a dirty NIF runs to its end even when its
-//! process is killed, so no turn is lost. Turns are handed while the gate is
-//! locked and kept answers sent while they are locked: a caller that gives
-//! up finds whatever was meant for it in its mailbox, and nothing later.
-//!
-//! Times are the Erlang monotonic clock in nanoseconds: the caller stamps
-//! the call once, before it queues, and that stamp starts the call's one
-//! deadline (`locks_core::Deadline`) wherever its job runs.
+//! At its checkout deadline a waiter gives up with `leave/2`: `{:left,
+//! exception}` (`:pool_timeout`) when it was still queued or handed a turn
+//! too late, which goes back, or when its answer was sent (it is in the
+//! mailbox); `{:served, wait_ms}` when another call runs its job, or ran it
+//! and has not sent the answer yet, which comes within the call's deadline
+//! (plus a second). A turn goes back, and the next waiter gets it, when its
+//! [`Slot`] drops, whatever the outcome; a dirty NIF runs to its end even
+//! when its process is killed, so no turn is lost. Turns are handed while
+//! the gate is locked (see `Waiters`) and kept answers sent while they are
+//! locked: a caller that gives up finds whatever was meant for it in its
+//! mailbox, and nothing later.
 
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::sync::{Mutex, PoisonError, TryLockError};
 use std::time::{Duration, Instant};
 
 use locks_core::admission::{Admission, Gate, Left, Permit, Waiters, Wake};
@@ -43,7 +45,7 @@ use crate::locks::{encode, job};
 
 /// The most waiting jobs a call runs in its turn after its own: each delays
 /// its own caller's answer by one statement, and keeps the connection busy.
-pub const SERVE_AT_MOST: usize = 8;
+const SERVE_AT_MOST: usize = 8;
 
 /// A caller waiting for a turn, with its job and its call's stamp.
 pub struct Waiter {
@@ -55,24 +57,14 @@ pub struct Waiter {
 /// The turns of this VM; its capacity is the installed pool's size.
 pub static GATE: Gate<Waiter> = Gate::new();
 
-/// The answer of a job run in another call's turn, until it is sent.
-struct Answered {
-    pid: LocalPid,
-    ticket: u64,
-    answer: locks_core::Result<Answer>,
-}
+/// The answers [`serve`] got and [`send_answers`] has not sent yet, with the
+/// caller and the ticket each is for.
+static ANSWERED: Mutex<Vec<(LocalPid, u64, locks_core::Result<Answer>)>> = Mutex::new(Vec::new());
 
-/// The answers [`Call::serve`] got and [`deliver`] has not sent yet.
-static ANSWERED: Mutex<Vec<Answered>> = Mutex::new(Vec::new());
-
-fn answered() -> MutexGuard<'static, Vec<Answered>> {
-    ANSWERED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// A served job's answer, kept for [`deliver`] when dropped: also if the
-/// job never got one (a panic on the way, which rustler turns into a raise
-/// of the serving call), so that its caller is told and its ticket leaves
-/// the gate; it may have run, so it is told `:disconnected`.
+/// A served job's answer, kept for [`send_answers`] when dropped: also if
+/// the job never got one (a panic on the way, which rustler turns into a
+/// raise of the serving call), so that its caller is told and its ticket
+/// leaves the gate; it may have run, so it is told `:disconnected`.
 struct Kept {
     pid: LocalPid,
     ticket: u64,
@@ -84,36 +76,27 @@ impl Drop for Kept {
         let answer = self.answer.take().unwrap_or_else(|| {
             Err(Error::Disconnected("the call that ran this one stopped before its answer".into()))
         });
-        answered().push(Answered { pid: self.pid, ticket: self.ticket, answer });
+        let mut answers = ANSWERED.lock().unwrap_or_else(PoisonError::into_inner);
+        answers.push((self.pid, self.ticket, answer));
     }
 }
 
-/// Sends every answer kept by [`Call::serve`] to its caller, then tells the
-/// gate, all with the answers locked: a caller whose `leave/2` or
-/// `deliver/0` comes meanwhile waits for this, and then finds its answer in
-/// its mailbox (none comes later). On a normal scheduler only (see the
-/// module doc). The answers are locked before the gate, never the other way.
-fn send_answers(env: Env<'_>) {
-    send_answers_from(env, answered());
-}
-
-/// As [`send_answers`], unless another call is sending them right now:
-/// what `admit/3` does for the answers of a call whose process was killed,
-/// without ever waiting on a normal scheduler for a lock.
-fn send_answers_if_free(env: Env<'_>) {
-    match ANSWERED.try_lock() {
-        Ok(answers) => send_answers_from(env, answers),
-        Err(TryLockError::Poisoned(poisoned)) => send_answers_from(env, poisoned.into_inner()),
-        Err(TryLockError::WouldBlock) => {}
-    }
-}
-
-fn send_answers_from(env: Env<'_>, mut answers: MutexGuard<'_, Vec<Answered>>) {
+/// Sends every kept answer to its caller, then tells the gate, all with the
+/// answers locked (before the gate, never the other way). Unless `wait`,
+/// nothing when another call is sending them right now: `admit/3` never
+/// waits for a lock on a normal scheduler.
+fn send_answers(env: Env<'_>, wait: bool) {
+    let mut answers = match ANSWERED.try_lock() {
+        Ok(answers) => answers,
+        Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+        Err(TryLockError::WouldBlock) if !wait => return,
+        Err(TryLockError::WouldBlock) => ANSWERED.lock().unwrap_or_else(PoisonError::into_inner),
+    };
     if answers.is_empty() {
         return;
     }
     let mut tickets = Vec::with_capacity(answers.len());
-    for Answered { pid, ticket, answer } in answers.drain(..) {
+    for (pid, ticket, answer) in answers.drain(..) {
         let reply = match answer {
             Ok(answer) => (atoms::done(), encode(env, &answer)).encode(env),
             Err(err) => (atoms::raise(), exception(err)).encode(env),
@@ -125,15 +108,13 @@ fn send_answers_from(env: Env<'_>, mut answers: MutexGuard<'_, Vec<Answered>>) {
     GATE.answered(&tickets);
 }
 
-/// Sends the answers of the jobs run in other calls' turns: what a call
-/// does when `run/4` answers `{:phoenix_kit_agent_locks, :deliver, answer}`.
 #[rustler::nif]
 fn deliver(env: Env<'_>) -> rustler::Atom {
-    send_answers(env);
+    send_answers(env, true);
     atoms::ok()
 }
 
-/// The Erlang monotonic clock, in nanoseconds.
+/// The Erlang monotonic clock in nanoseconds, which callers stamp calls by.
 #[allow(unsafe_code)]
 pub fn now_ns() -> i64 {
     // SAFETY: enif_monotonic_time only reads the VM's clock; it may be
@@ -161,7 +142,6 @@ impl Waiters<Waiter> for Callers<'_> {
         self.0.is_process_alive(waiter.pid)
     }
 
-    /// Sends the waiter its turn (the gate is locked meanwhile).
     fn wake(&self, Wake { who, ticket, token }: Wake<Waiter>) {
         // A waiter that died meanwhile does not need it; its turn lapses.
         let message = (atoms::phoenix_kit_agent_locks(), ticket, (atoms::turn(), token));
@@ -169,14 +149,11 @@ impl Waiters<Waiter> for Callers<'_> {
     }
 }
 
-/// A turn for the call of `function` with `args`, stamped `start`: the
-/// token, or `{:wait, ticket, milliseconds}` (the job left with the gate).
-/// Raises `:pool_timeout` when the checkout timeout has passed already,
-/// `:not_started` without a pool; bad arguments of a caller that must wait
-/// are a bad argument here.
+/// A token, or `{:wait, ticket, ms}` with the job left with the gate; bad
+/// arguments are a bad argument only for a caller that must wait.
 #[rustler::nif]
 fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    send_answers_if_free(env);
+    send_answers(env, false);
     let pool = global::current().map_err(raise)?;
     let checkout = pool.settings().checkout_timeout;
     let expires = start.saturating_add(nanos(checkout));
@@ -191,16 +168,9 @@ fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Ni
     }
 }
 
-/// Gives up the wait of `ticket`, a call stamped `start` whose checkout
-/// deadline passed, after sending every answer kept: `{:left, exception}`
-/// (`:pool_timeout`) when it was still queued or handed a turn too late,
-/// which goes back, or when its answer was sent (it is in the mailbox);
-/// `{:served, wait_ms}` when another call is running its job, or ran it and
-/// has not sent the answer yet, which comes within its deadline (plus a
-/// second).
 #[rustler::nif]
 fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
-    send_answers(env);
+    send_answers(env, true);
     let now = now_ns();
     let left = GATE.leave(ticket, now, &Callers(env));
     let pool = global::current().map_err(raise)?;
@@ -218,53 +188,54 @@ fn leave(env: Env<'_>, ticket: u64, start: i64) -> NifResult<Term<'_>> {
     })
 }
 
-/// Runs the call of `function` with `args`, stamped `start`, in the turn
-/// `token`; then, in the same turn, the jobs of the first waiters. Its
-/// answer, or `{:phoenix_kit_agent_locks, :deliver, answer}` when it ran
-/// other jobs, whose answers `deliver/0` then sends.
+/// Runs the call in the turn `token`, then [`serve`]s. Raises
+/// `:pool_timeout` when the turn lapsed (its checkout deadline passed) or
+/// was given back.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
-    token: Term<'a>,
+    token: u64,
     start: Term<'a>,
     function: Term<'a>,
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    let call = Call::enter(env, token, start)?;
-    let answer = encode(env, &call.run(&job(function, args)?).map_err(raise)?);
-    if call.serve() == 0 {
+    let now = now_ns();
+    // From here on the turn goes back whatever happens.
+    let slot = Slot { env, permit: GATE.enter(token, now, &Callers(env)) };
+    let start: i64 = start.decode()?;
+    let pool = global::current().map_err(raise)?;
+    let Some(permit) = &slot.permit else {
+        return Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)));
+    };
+    let deadline = deadline(start, now, pool.settings());
+    let answer = global::block_on(pool.run(deadline, &job(function, args)?)).and_then(|a| a);
+    let answer = encode(env, &answer.map_err(raise)?);
+    if serve(env, &pool, permit, deadline) == 0 {
         Ok(answer)
     } else {
         Ok((atoms::phoenix_kit_agent_locks(), atoms::deliver(), answer).encode(env))
     }
 }
 
-/// What the gate and the pool hold right now: `status/0`'s `:pool`.
-#[derive(NifMap)]
-#[rustler(encode)]
-struct Status {
-    size: usize,
-    running: usize,
-    waiting: usize,
-    served: u64,
-    connections: usize,
-    idle: usize,
-}
-
-/// The gate's turns and the pool's connections (`:not_started` without a pool).
-#[rustler::nif]
-fn status() -> NifResult<Status> {
-    let pool = global::current().map_err(raise)?;
-    let counts = GATE.counts();
-    let (connections, idle) = pool.connections();
-    Ok(Status {
-        size: counts.capacity,
-        running: counts.running + counts.granted,
-        waiting: counts.waiting,
-        served: counts.served,
-        connections,
-        idle,
-    })
+/// Runs the jobs of the first waiters in the turn of `permit`, each within
+/// its own deadline and `until`, and keeps each answer; stops after
+/// [`SERVE_AT_MOST`], when nobody waits, or at the first job that got no
+/// answer (the database may be in trouble: the rest wait for their own
+/// turns, within their own deadlines). How many it ran.
+fn serve(env: Env<'_>, pool: &LockPool, permit: &Permit, until: Deadline) -> usize {
+    for served in 0..SERVE_AT_MOST {
+        let now = now_ns();
+        let Some((ticket, waiter)) = GATE.serve(permit, now, &Callers(env)) else {
+            return served;
+        };
+        let mut kept = Kept { pid: waiter.pid, ticket, answer: None };
+        let deadline = deadline(waiter.start, now, pool.settings()).min(until);
+        let answer = global::block_on(pool.run(deadline, &waiter.job)).and_then(|a| a);
+        if kept.answer.insert(answer).is_err() {
+            return served + 1;
+        }
+    }
+    SERVE_AT_MOST
 }
 
 /// A turn in use: given back, and the next waiter woken, when dropped.
@@ -281,63 +252,29 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// A running lock call: its turn, the pool and the deadline.
-pub struct Call<'a> {
-    slot: Slot<'a>,
-    pool: Arc<LockPool>,
-    deadline: Deadline,
+/// `status/0`'s `:pool`: the gate's turns and the pool's connections.
+#[derive(NifMap)]
+#[rustler(encode)]
+struct Status {
+    size: usize,
+    running: usize,
+    waiting: usize,
+    served: u64,
+    connections: usize,
+    idle: usize,
 }
 
-impl<'a> Call<'a> {
-    /// Trades the turn `token` for a permit, for a call its caller stamped
-    /// `start`. Raises `:pool_timeout` when the turn lapsed (its checkout
-    /// deadline passed) or was given back, `:not_started` without a pool; a
-    /// term that is not a token or a stamp is a bad argument.
-    pub fn enter(env: Env<'a>, token: Term<'a>, start: Term<'a>) -> NifResult<Self> {
-        let token: u64 = token.decode()?;
-        let now = now_ns();
-        let permit = GATE.enter(token, now, &Callers(env));
-        // From here on the turn goes back whatever happens.
-        let slot = Slot { env, permit };
-        let start: i64 = start.decode()?;
-        let pool = global::current().map_err(raise)?;
-        if slot.permit.is_none() {
-            return Err(raise(Error::PoolTimeout(pool.settings().checkout_timeout)));
-        }
-        let deadline = deadline(start, now, pool.settings());
-        Ok(Call { slot, pool, deadline })
-    }
-
-    /// Runs the call's job within its deadline.
-    pub fn run(&self, job: &Job) -> locks_core::Result<Answer> {
-        global::block_on(self.pool.run(self.deadline, job))?
-    }
-
-    /// Runs the jobs of the first waiters in this turn, each within its own
-    /// deadline and this call's, and keeps each answer for [`deliver`];
-    /// stops after [`SERVE_AT_MOST`], when nobody waits, or at the first job
-    /// that got no answer (the database may be in trouble: the rest wait for
-    /// their own turns, within their own deadlines). How many it ran.
-    pub fn serve(&self) -> usize {
-        let env = self.slot.env;
-        let Some(permit) = self.slot.permit.as_ref() else {
-            return 0;
-        };
-        for served in 0..SERVE_AT_MOST {
-            let now = now_ns();
-            let Some((ticket, waiter)) = GATE.serve(permit, now, &Callers(env)) else {
-                return served;
-            };
-            let mut kept = Kept { pid: waiter.pid, ticket, answer: None };
-            let deadline = deadline(waiter.start, now, self.pool.settings()).min(self.deadline);
-            let answer = global::block_on(self.pool.run(deadline, &waiter.job)).and_then(|a| a);
-            let failed = answer.is_err();
-            kept.answer = Some(answer);
-            drop(kept);
-            if failed {
-                return served + 1;
-            }
-        }
-        SERVE_AT_MOST
-    }
+#[rustler::nif]
+fn status() -> NifResult<Status> {
+    let pool = global::current().map_err(raise)?;
+    let counts = GATE.counts();
+    let (connections, idle) = pool.connections();
+    Ok(Status {
+        size: counts.capacity,
+        running: counts.running + counts.granted,
+        waiting: counts.waiting,
+        served: counts.served,
+        connections,
+        idle,
+    })
 }

@@ -1,10 +1,5 @@
-//! The one place where a `locks_core::Error` becomes an Elixir exception:
-//! `PhoenixKitAgent.Turns.Locks.Error`, with a `reason` atom to match on,
-//! the SQLSTATE when PostgreSQL refused a statement, and a message that never
-//! contains the database password.
-//!
-//! A term the NIF cannot use as an argument is `rustler::Error::BadArg`
-//! (an `ArgumentError`) and never gets here: the Elixir API words those.
+//! The one place where a `locks_core::Error` becomes an Elixir exception,
+//! `PhoenixKitAgent.Turns.Locks.Error`.
 
 use locks_core::Error;
 use rustler::{Atom, NifException};
@@ -19,7 +14,6 @@ pub struct LocksError {
     sqlstate: Option<String>,
 }
 
-/// Turns a core error into the exception the NIF raises.
 pub fn raise(err: Error) -> rustler::Error {
     rustler::Error::RaiseTerm(Box::new(exception(err)))
 }

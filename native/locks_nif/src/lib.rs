@@ -1,10 +1,6 @@
 //! The NIF of `PhoenixKitAgent.Turns.Locks.Native`: terms in, `locks_core`
-//! calls, terms out. Nothing here decides anything about locks.
-//!
-//! Every lock function runs on a dirty-I/O scheduler, so a call waiting for
-//! PostgreSQL never holds a normal scheduler, and only with a turn from the
-//! gate (`call.rs`), so waiting calls never hold all the dirty ones either.
-//! The one `unsafe` call reads the VM's monotonic clock (`call.rs`).
+//! calls, terms out; nothing here decides anything about locks. How a lock
+//! call runs: `call.rs`, whose `now_ns` is the one `unsafe` call.
 
 #![deny(unsafe_code)]
 

@@ -1,25 +1,21 @@
-//! The lock calls as terms: a function's name and its argument list become
-//! a `locks_core::Job`, and the job's `Answer` becomes the documented term.
-//! Which turn a call runs in, and where, is `call.rs`'s business.
+//! The lock calls as terms: the name of an Elixir function (an atom) and its
+//! argument list become a `locks_core::Job`, and the job's `Answer` becomes
+//! the term the function documents.
 
 use locks_core::{Acquire, AcquireUser, Answer, ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
 use rustler::{Atom, Binary, Encoder, Env, Error, NifResult, Term};
 
 use crate::atoms;
 
-/// The job of `function` (an atom named after the Elixir function) called
-/// with `args` (a list: the Elixir function's arguments, uuids as their 16
-/// bytes). Anything else is a bad argument.
 pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
     let f: Atom = function.decode()?;
     let args: Vec<Term<'_>> = args.decode()?;
-    // A click's user, ref, TTL and hold (checked against the TTL).
+    // Arguments named by their first letter: chat, user, turn or click ref,
+    // seconds of the TTL, hold (checked against the TTL).
     let click = |u, r, s, h| -> NifResult<_> {
         let ttl = ttl(s)?;
         Ok((uuid(u)?, click_ref(r)?, ttl, hold(h, ttl)?))
     };
-    // Arguments named by their first letter: chat, user, turn or click ref,
-    // seconds of the TTL, hold.
     Ok(match args[..] {
         [c, u, t, s] if f == atoms::acquire() => {
             Job::Acquire { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }
@@ -55,9 +51,6 @@ pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
     })
 }
 
-/// The documented term of an answer: `:ok` or `{:error, reason}` for the
-/// acquisitions, a boolean, `:ok` for the releases, and `held_locks/1`'s
-/// `[{:chat | :user, uuid, ref, since_us, age_s, stale}]`.
 pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
     let refused = |reason: Atom| (atoms::error(), reason).encode(env);
     match answer {
@@ -83,25 +76,25 @@ pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
 }
 
 // The arguments. The Elixir API has checked and worded each one (and made
-// uuids their 16 bytes); a term that still does not fit is a bad argument,
-// and nothing is sent for it.
+// uuids their 16 bytes); a term that still does not fit (or any other
+// function or argument list) is a bad argument, and nothing is sent for it.
 
-pub fn uuid(term: Term<'_>) -> NifResult<Uuid> {
+fn uuid(term: Term<'_>) -> NifResult<Uuid> {
     Uuid::from_bytes(term.decode::<Binary>()?.as_slice()).ok_or(Error::BadArg)
 }
 
-pub fn turn_ref(term: Term<'_>) -> NifResult<TurnRef> {
+fn turn_ref(term: Term<'_>) -> NifResult<TurnRef> {
     TurnRef::new(term.decode()?).ok_or(Error::BadArg)
 }
 
-pub fn click_ref(term: Term<'_>) -> NifResult<ClickRef> {
+fn click_ref(term: Term<'_>) -> NifResult<ClickRef> {
     ClickRef::new(term.decode()?).ok_or(Error::BadArg)
 }
 
-pub fn ttl(term: Term<'_>) -> NifResult<Ttl> {
+fn ttl(term: Term<'_>) -> NifResult<Ttl> {
     Ttl::new(term.decode()?).ok_or(Error::BadArg)
 }
 
-pub fn hold(term: Term<'_>, ttl: Ttl) -> NifResult<Hold> {
+fn hold(term: Term<'_>, ttl: Ttl) -> NifResult<Hold> {
     Hold::new(term.decode()?, ttl).ok_or(Error::BadArg)
 }
