@@ -4,10 +4,10 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
   @ttl 15
 
   describe "keep/4" do
-    test "re-dates both locks to the database's now and answers true" do
+    test "re-dates both locks to the database's now and answers true, whatever the letter case of the uuids" do
       {chat, user, turn} = held_turn!(@ttl, age: @ttl - 5)
 
-      assert Locks.keep(chat, user, turn, @ttl) == true
+      assert Locks.keep(String.upcase(chat), String.upcase(user), turn, @ttl) == true
       assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
