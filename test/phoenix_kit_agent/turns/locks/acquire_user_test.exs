@@ -21,14 +21,6 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       assert_lock(:user, user, {click, 0})
     end
 
-    test "creates the user's settings row when the user has none, and only that row" do
-      user = new_user()
-      click = Locks.click_ref()
-
-      assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
-      assert settings_rows(user) == 1
-    end
-
     test "takes the lock in an existing free settings row" do
       user = new_user()
       insert_settings!(user, "2001-02-03T04:05:06Z")

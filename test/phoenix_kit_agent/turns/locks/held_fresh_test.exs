@@ -74,24 +74,6 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
       assert Locks.fresh?(String.upcase(chat), turn, @ttl) == true
     end
 
-    test "is true one second short of ttl_s" do
-      chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, new_user(), turn, @ttl)
-      backdate!([chat: chat], @ttl - 1)
-
-      assert Locks.fresh?(chat, turn, @ttl) == true
-    end
-
-    test "is false as soon as the chat's lock is older than ttl_s" do
-      chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, new_user(), turn, @ttl)
-      backdate!([chat: chat], @ttl)
-
-      assert Locks.fresh?(chat, turn, @ttl) == false
-    end
-
     test "measures age against the caller's ttl_s" do
       chat = insert_chat!()
       turn = turn_ref()
@@ -131,7 +113,8 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
       assert Locks.fresh?(TestDB.uuid(), turn_ref(), @ttl) == false
     end
 
-    test "answers the opposite of a take-over: what is not fresh can be taken over" do
+    test "is true one second short of ttl_s and false as soon as the chat's lock is older: " <>
+           "the opposite of a take-over" do
       chat = insert_chat!()
       lost = turn_ref("lost")
       :ok = Locks.acquire(chat, new_user(), lost, @ttl)

@@ -11,20 +11,6 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
-    test "a late release by a turn that was taken over frees nothing of the new turn" do
-      chat = insert_chat!()
-      user = new_user()
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user, lost, @ttl)
-      backdate!([chat: chat, user: user], @ttl + 1)
-      :ok = Locks.acquire(chat, user, turn, @ttl)
-      before = rows(chat: chat, user: user)
-
-      assert Locks.release(chat, user, lost) == :ok
-      assert rows(chat: chat, user: user) == before
-      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
-    end
-
     test "frees the chat's lock when the user's was taken over by a turn in another chat" do
       {chat, other_chat, user, lost, turn} = user_taken_over!(@ttl)
 
