@@ -14,7 +14,7 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "takes the lock of a user whose settings row exists and is free" do
-      [chat] = insert_chats!(1)
+      chat = insert_chat!()
       user = new_user()
       insert_settings!(user, "2001-02-03T04:05:06Z")
       turn = turn_ref()
@@ -25,12 +25,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "answers :conversation_busy for a second turn in the same chat, and creates no settings row" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      [turn1, turn2] = [turn_ref(), turn_ref()]
-      :ok = Locks.acquire(chat, user1, turn1, @ttl)
+      {chat, user1, turn1} = held_turn!(@ttl)
+      user2 = new_user()
 
-      assert Locks.acquire(chat, user2, turn2, @ttl) == {:error, :conversation_busy}
+      assert Locks.acquire(chat, user2, turn_ref(), @ttl) == {:error, :conversation_busy}
 
       assert_locks([chat: chat, user: user1, user: user2],
         chat: {turn1, 0},
@@ -40,13 +38,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "tries the chat first: a busy chat leaves the user's row untouched, even a stale lock" do
-      [chat, other_chat] = insert_chats!(2)
-      user = new_user()
-      old_turn = turn_ref()
       # The user's lock is stale (it could be taken over), the chat is busy.
-      :ok = Locks.acquire(other_chat, user, old_turn, @ttl)
+      {_other_chat, user, old_turn} = held_turn!(@ttl)
       backdate!([user: user], @ttl + 10)
-      :ok = Locks.acquire(chat, new_user(), turn_ref(), @ttl)
+      {chat, _other_user, _turn} = held_turn!(@ttl)
       [user: before] = rows(user: user)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :conversation_busy}
@@ -56,12 +51,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "answers :turn_in_flight while a turn of the same user runs in another chat, and leaves that chat free" do
-      [chat1, chat2] = insert_chats!(2)
-      user = new_user()
-      [turn1, turn2] = [turn_ref(), turn_ref()]
-      :ok = Locks.acquire(chat1, user, turn1, @ttl)
+      {chat1, user, turn1} = held_turn!(@ttl)
+      chat2 = insert_chat!()
 
-      assert Locks.acquire(chat2, user, turn2, @ttl) == {:error, :turn_in_flight}
+      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
 
       assert_locks([chat: chat2, chat: chat1, user: user],
         chat: {nil, nil},
@@ -71,37 +64,30 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "answers :click_in_flight while a click holds the user's lock, and leaves the chat free" do
+      {user, click} = held_click!(@ttl, 30)
       chat = insert_chat!()
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, 30)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :click_in_flight}
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {click, @ttl - 30})
     end
 
     test "takes neither lock when the user's is refused: a stale chat lock stays as it was" do
-      [chat, other_chat] = insert_chats!(2)
-      [lost_user, user] = [new_user(), new_user()]
-      [lost, running, turn] = [turn_ref("lost"), turn_ref("running"), turn_ref()]
       # The chat's lock was left by a turn whose node went down; the user has
       # a turn running elsewhere.
-      :ok = Locks.acquire(chat, lost_user, lost, @ttl)
+      {chat, _lost_user, lost} = held_turn!(@ttl, label: "lost")
       backdate!([chat: chat], @ttl + 5)
-      :ok = Locks.acquire(other_chat, user, running, @ttl)
+      {_other_chat, user, running} = held_turn!(@ttl, label: "running")
       [chat: before] = rows(chat: chat)
 
-      assert Locks.acquire(chat, user, turn, @ttl) == {:error, :turn_in_flight}
+      assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
       assert [chat: %{ref: ^lost, since: since}] = rows(chat: chat)
       assert since == before.since
       assert_lock(:user, user, {running, 0})
     end
 
     test "takes over a chat lock as soon as it is older than its TTL" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user1, lost, @ttl)
+      {chat, user1, lost} = held_turn!(@ttl, label: "lost")
+      {user2, turn} = {new_user(), turn_ref()}
       # Exactly @ttl back: older than the TTL by the time this call runs.
       backdate!([chat: chat], @ttl)
 
@@ -112,21 +98,16 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "does not take over a chat lock one second short of its TTL" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      turn1 = turn_ref()
-      :ok = Locks.acquire(chat, user1, turn1, @ttl)
-      backdate!([chat: chat], @ttl - 1)
+      {chat, _user1, turn1} = held_turn!(@ttl, age: @ttl - 1)
+      user2 = new_user()
 
       assert Locks.acquire(chat, user2, turn_ref(), @ttl) == {:error, :conversation_busy}
       assert_locks([chat: chat, user: user2], chat: {turn1, @ttl - 1}, user: nil)
     end
 
     test "takes over a user lock as soon as it is older than its TTL, left by a turn in another chat" do
-      [chat1, chat2] = insert_chats!(2)
-      user = new_user()
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat1, user, lost, @ttl)
+      {chat1, user, lost} = held_turn!(@ttl, label: "lost")
+      {chat2, turn} = {insert_chat!(), turn_ref()}
       backdate!([user: user], @ttl)
 
       assert Locks.acquire(chat2, user, turn, @ttl) == :ok
@@ -139,10 +120,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "does not take over a user lock one second short of its TTL" do
-      [chat1, chat2] = insert_chats!(2)
-      user = new_user()
-      turn1 = turn_ref()
-      :ok = Locks.acquire(chat1, user, turn1, @ttl)
+      {_chat1, user, turn1} = held_turn!(@ttl)
+      chat2 = insert_chat!()
       backdate!([user: user], @ttl - 1)
 
       assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
@@ -150,10 +129,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "measures age against the caller's ttl_s" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user1, turn_ref(), @ttl)
+      {chat, _user1, _turn1} = held_turn!(@ttl)
+      {user2, turn} = {new_user(), turn_ref()}
       backdate!([chat: chat], 30)
 
       assert Locks.acquire(chat, user2, turn_ref(), 31) == {:error, :conversation_busy}

@@ -48,10 +48,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "takes over a turn's lock older than the TTL (its node went down)" do
-      chat = insert_chat!()
-      user = new_user()
+      {_chat, user, _turn} = held_turn!(@ttl)
       click = Locks.click_ref()
-      :ok = Locks.acquire(chat, user, turn_ref(), @ttl)
       backdate!([user: user], @ttl + 1)
 
       assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
@@ -59,20 +57,19 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "is refused with :click_in_flight while another click holds the lock, and changes nothing" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, click1} = held_click!(@ttl, @hold)
       [user: before] = rows(user: user)
 
-      assert Locks.acquire_user(user, click2, @ttl, @hold) == {:error, :click_in_flight}
+      assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
+               {:error, :click_in_flight}
+
       assert [user: %{ref: ^click1, since: since}] = rows(user: user)
       assert since == before.since
     end
 
     test "takes over another click's lock once that click's hold has passed" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, _click1} = held_click!(@ttl, @hold)
+      click2 = Locks.click_ref()
       backdate!([user: user], @hold - 1)
       assert Locks.acquire_user(user, click2, @ttl, @hold) == {:error, :click_in_flight}
 
@@ -82,10 +79,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "blocks a turn for hold_s seconds, after which the turn takes the lock over" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold)
+      {user, _click} = held_click!(@ttl, @hold)
+      {chat, turn} = {insert_chat!(), turn_ref()}
 
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
       backdate!([user: user], @hold - 1)
@@ -107,9 +102,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "takes the lock in a row freed by release_user/2" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, click1} = held_click!(@ttl, @hold)
+      click2 = Locks.click_ref()
       :ok = Locks.release_user(user, click1)
 
       assert Locks.acquire_user(user, click2, @ttl, @hold) == :ok

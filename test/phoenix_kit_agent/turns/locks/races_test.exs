@@ -148,9 +148,7 @@ defmodule PhoenixKitAgent.Turns.Locks.RacesTest do
 
   describe "keep/4" do
     test "keeps of the holder, each waiting for the row: every one renews the lease" do
-      {chat, user, turn} = {insert_chat!(), new_user(), turn_ref()}
-      :ok = Locks.acquire(chat, user, turn, @ttl)
-      backdate!([chat: chat, user: user], 5)
+      {chat, user, turn} = held_turn!(@ttl, age: 5)
 
       assert race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl) end) ==
                [true, true, true]

@@ -37,9 +37,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseStaleTest do
 
     test "frees the chat but leaves the user's lock to the turn that took it over" do
       {chat, user, lost} = held_turn!(@ttl, age: @ttl + 1, label: "lost")
-      other_chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(other_chat, user, turn, @ttl)
+      {_other_chat, user, turn} = held_turn!(@ttl, user: user)
 
       assert Locks.release_stale(chat, user, lost, @ttl) == true
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {turn, 0})

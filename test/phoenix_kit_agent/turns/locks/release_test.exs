@@ -36,9 +36,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
     end
 
     test "frees nothing of another turn's locks" do
-      chat = insert_chat!()
-      user = new_user()
-      :ok = Locks.acquire(chat, user, turn_ref(), @ttl)
+      {chat, user, _turn} = held_turn!(@ttl)
       before = rows(chat: chat, user: user)
 
       assert Locks.release(chat, user, turn_ref()) == :ok
@@ -46,10 +44,8 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseTest do
     end
 
     test "does not free a click's lock of the user" do
+      {user, click} = held_click!(@ttl, @ttl)
       chat = insert_chat!()
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @ttl)
 
       assert Locks.release(chat, user, turn_ref()) == :ok
       assert_lock(:user, user, {click, 0})

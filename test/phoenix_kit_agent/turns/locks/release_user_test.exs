@@ -13,8 +13,7 @@ defmodule PhoenixKitAgent.Turns.Locks.ReleaseUserTest do
     end
 
     test "frees nothing of another click's lock" do
-      user = new_user()
-      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold)
+      {user, _click} = held_click!(@ttl, @hold)
       before = rows(user: user)
 
       assert Locks.release_user(user, Locks.click_ref()) == :ok
