@@ -25,6 +25,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
           insert_chats!: 1,
           lock: 2,
           locks: 1,
+          locked: 2,
           rows: 1,
           backdate!: 2,
           insert_settings!: 2,
