@@ -118,10 +118,10 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
       Enum.map_join(ids, ",", &"('#{&1}'#{values})")
   end
 
-  @doc "Inserts `n` new chats and returns their uuids."
-  def insert_chats!(n) do
+  @doc "Inserts `n` new chats (on `where`, as `query!/2` takes it) and returns their uuids."
+  def insert_chats!(n, where \\ Session.shared()) do
     ids = for _ <- 1..n, do: uuid()
-    query!(insert_chats_sql(ids))
+    query!(insert_chats_sql(ids), where)
     ids
   end
 
@@ -156,8 +156,24 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
     |> Enum.map_join(";\n", & &1)
   end
 
-  @doc "Inserts one new chat and returns its uuid."
-  def insert_chat!, do: hd(insert_chats!(1))
+  @doc "Inserts one new chat (on `where`) and returns its uuid."
+  def insert_chat!(where \\ Session.shared()), do: hd(insert_chats!(1, where))
+
+  @doc """
+  The rows of `ids` (chats for `:chat`, settings for `:user`) that carry a
+  lock: `[id, ref]`, in uuid order. For many rows at once, where `locks/1`
+  would read each.
+  """
+  def locked(kind, ids) do
+    {table, key} = table(kind)
+
+    query!("""
+    SELECT #{key}::text, busy_turn_ref FROM #{table}
+    WHERE #{key} = ANY('{#{Enum.join(ids, ",")}}'::uuid[])
+      AND (busy_turn_ref IS NOT NULL OR busy_since IS NOT NULL)
+    ORDER BY 1
+    """)
+  end
 
   @doc """
   The lock of a chat (`:chat`) or user settings (`:user`) row:

@@ -25,6 +25,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
           insert_chats!: 1,
           lock: 2,
           locks: 1,
+          locked: 2,
           rows: 1,
           backdate!: 2,
           insert_settings!: 2,
@@ -99,20 +100,25 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   def turn_ref(label \\ "turn"), do: "#{label}-#{System.unique_integer([:positive])}"
 
   @doc """
-  A new chat, a new user and a turn ref (`turn_ref(label)`), the turn holding
-  both locks under `ttl_s`, taken `age` seconds ago (both backdated).
+  A new chat, a new user (or `:user`) and a turn ref (`turn_ref(label)`), the
+  turn holding both locks under `ttl_s`, taken `age` seconds ago (both
+  backdated).
   """
   def held_turn!(ttl_s, opts \\ []) do
-    {chat, user, turn} = {TestDB.insert_chat!(), new_user(), turn_ref(opts[:label] || "turn")}
+    {chat, turn} = {TestDB.insert_chat!(), turn_ref(opts[:label] || "turn")}
+    user = opts[:user] || new_user()
     :ok = Locks.acquire(chat, user, turn, ttl_s)
     age = Keyword.get(opts, :age, 0)
     if age > 0, do: backdate!([chat: chat, user: user], age)
     {chat, user, turn}
   end
 
-  @doc "A new user and a click ref, the click holding the user's lock (`acquire_user/4`)."
-  def held_click!(ttl_s, hold_s) do
-    {user, click} = {new_user(), Locks.click_ref()}
+  @doc """
+  A new user (or `user`) and a click ref, the click holding the user's lock
+  (`acquire_user/4`).
+  """
+  def held_click!(ttl_s, hold_s, user \\ new_user()) do
+    click = Locks.click_ref()
     :ok = Locks.acquire_user(user, click, ttl_s, hold_s)
     {user, click}
   end

@@ -20,19 +20,6 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
     %{url: url}
   end
 
-  defp chat!(url) do
-    chat = TestDB.uuid()
-    TestDB.query!(TestDB.insert_chats_sql([chat]), url)
-    chat
-  end
-
-  defp backdate!(url, table, key, id, seconds) do
-    TestDB.query!(
-      "UPDATE #{table} SET busy_since = busy_since - #{seconds} * interval '1 second' WHERE #{key} = '#{id}'",
-      url
-    )
-  end
-
   describe "held_locks/1" do
     test "lists every lock taken, the oldest first, with its holder, age and staleness", %{
       url: url
@@ -40,11 +27,11 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       assert Locks.held_locks(@ttl) == []
 
       {chat, user, other_user, click} =
-        {chat!(url), TestDB.uuid(), TestDB.uuid(), Locks.click_ref()}
+        {TestDB.insert_chat!(url), TestDB.uuid(), TestDB.uuid(), Locks.click_ref()}
 
       :ok = Locks.acquire(chat, user, "turn-1", @ttl)
       :ok = Locks.acquire_user(other_user, click, @ttl, @ttl)
-      backdate!(url, "phoenix_kit_agent_conversations", "uuid", chat, @ttl + 5)
+      TestDB.backdate!([chat: chat], @ttl + 5, url)
       before = DateTime.utc_now()
 
       assert [
@@ -66,7 +53,7 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
     end
 
     test "mix locks.held prints them as a table", %{url: url} do
-      {chat, user} = {chat!(url), TestDB.uuid()}
+      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
       :ok = Locks.acquire(chat, user, "turn-table", @ttl)
       Mix.shell(Mix.Shell.Process)
       on_exit(fn -> Mix.shell(Mix.Shell.IO) end)
@@ -86,7 +73,7 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
 
   describe "status/0" do
     test "counts the calls of each function by outcome, and their latency", %{url: url} do
-      {chat, user} = {chat!(url), TestDB.uuid()}
+      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
       before = Locks.status()
       :ok = Locks.acquire(chat, user, "turn-1", @ttl)
       {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
@@ -123,7 +110,7 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
 
   describe "telemetry" do
     test "each call is a span: :start, then :stop naming the result", %{url: url} do
-      {chat, user} = {chat!(url), TestDB.uuid()}
+      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
       :ok = Locks.acquire(chat, user, "turn-1", @ttl)
       {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
       false = Locks.fresh?(chat, "turn-2", @ttl)
@@ -156,7 +143,7 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
     test "without :telemetry, nothing is emitted and the calls answer the same", %{url: url} do
       :persistent_term.put({Observe, :telemetry}, false)
       on_exit(fn -> Observe.setup() end)
-      {chat, user} = {chat!(url), TestDB.uuid()}
+      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
 
       assert Locks.acquire(chat, user, "turn-1", @ttl) == :ok
       refute_received {:telemetry, _, _, _}

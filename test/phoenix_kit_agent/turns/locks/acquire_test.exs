@@ -4,26 +4,17 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
   @ttl 60
 
   describe "acquire/4" do
-    test "takes the chat's and the user's lock for the turn" do
+    test "takes the chat's and the user's lock for the turn, whatever the letter case of the uuids" do
       chat = insert_chat!()
       user = new_user()
       turn = turn_ref()
 
-      assert Locks.acquire(chat, user, turn, @ttl) == :ok
+      assert Locks.acquire(String.upcase(chat), String.upcase(user), turn, @ttl) == :ok
       assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end
 
-    test "creates the user's settings row when the user has none" do
-      chat = insert_chat!()
-      user = new_user()
-      assert_lock(:user, user, nil)
-
-      assert Locks.acquire(chat, user, turn_ref(), @ttl) == :ok
-      assert settings_rows(user) == 1
-    end
-
     test "takes the lock of a user whose settings row exists and is free" do
-      [chat] = insert_chats!(1)
+      chat = insert_chat!()
       user = new_user()
       insert_settings!(user, "2001-02-03T04:05:06Z")
       turn = turn_ref()
@@ -33,13 +24,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       assert settings_rows(user) == 1
     end
 
-    test "answers :conversation_busy for a second turn in the same chat" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      [turn1, turn2] = [turn_ref(), turn_ref()]
-      :ok = Locks.acquire(chat, user1, turn1, @ttl)
+    test "answers :conversation_busy for a second turn in the same chat, and creates no settings row" do
+      {chat, user1, turn1} = held_turn!(@ttl)
+      user2 = new_user()
 
-      assert Locks.acquire(chat, user2, turn2, @ttl) == {:error, :conversation_busy}
+      assert Locks.acquire(chat, user2, turn_ref(), @ttl) == {:error, :conversation_busy}
 
       assert_locks([chat: chat, user: user1, user: user2],
         chat: {turn1, 0},
@@ -48,23 +37,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
       )
     end
 
-    test "tries the chat first: a busy chat never creates the user's settings row" do
-      chat = insert_chat!()
-      :ok = Locks.acquire(chat, new_user(), turn_ref(), @ttl)
-      user = new_user()
-
-      assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :conversation_busy}
-      assert_lock(:user, user, nil)
-    end
-
     test "tries the chat first: a busy chat leaves the user's row untouched, even a stale lock" do
-      [chat, other_chat] = insert_chats!(2)
-      user = new_user()
-      old_turn = turn_ref()
       # The user's lock is stale (it could be taken over), the chat is busy.
-      :ok = Locks.acquire(other_chat, user, old_turn, @ttl)
+      {_other_chat, user, old_turn} = held_turn!(@ttl)
       backdate!([user: user], @ttl + 10)
-      :ok = Locks.acquire(chat, new_user(), turn_ref(), @ttl)
+      {chat, _other_user, _turn} = held_turn!(@ttl)
       [user: before] = rows(user: user)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :conversation_busy}
@@ -74,12 +51,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "answers :turn_in_flight while a turn of the same user runs in another chat, and leaves that chat free" do
-      [chat1, chat2] = insert_chats!(2)
-      user = new_user()
-      [turn1, turn2] = [turn_ref(), turn_ref()]
-      :ok = Locks.acquire(chat1, user, turn1, @ttl)
+      {chat1, user, turn1} = held_turn!(@ttl)
+      chat2 = insert_chat!()
 
-      assert Locks.acquire(chat2, user, turn2, @ttl) == {:error, :turn_in_flight}
+      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
 
       assert_locks([chat: chat2, chat: chat1, user: user],
         chat: {nil, nil},
@@ -89,37 +64,30 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "answers :click_in_flight while a click holds the user's lock, and leaves the chat free" do
+      {user, click} = held_click!(@ttl, 30)
       chat = insert_chat!()
-      user = new_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, 30)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :click_in_flight}
       assert_locks([chat: chat, user: user], chat: {nil, nil}, user: {click, @ttl - 30})
     end
 
     test "takes neither lock when the user's is refused: a stale chat lock stays as it was" do
-      [chat, other_chat] = insert_chats!(2)
-      [lost_user, user] = [new_user(), new_user()]
-      [lost, running, turn] = [turn_ref("lost"), turn_ref("running"), turn_ref()]
       # The chat's lock was left by a turn whose node went down; the user has
       # a turn running elsewhere.
-      :ok = Locks.acquire(chat, lost_user, lost, @ttl)
+      {chat, _lost_user, lost} = held_turn!(@ttl, label: "lost")
       backdate!([chat: chat], @ttl + 5)
-      :ok = Locks.acquire(other_chat, user, running, @ttl)
+      {_other_chat, user, running} = held_turn!(@ttl, label: "running")
       [chat: before] = rows(chat: chat)
 
-      assert Locks.acquire(chat, user, turn, @ttl) == {:error, :turn_in_flight}
+      assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
       assert [chat: %{ref: ^lost, since: since}] = rows(chat: chat)
       assert since == before.since
       assert_lock(:user, user, {running, 0})
     end
 
     test "takes over a chat lock as soon as it is older than its TTL" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat, user1, lost, @ttl)
+      {chat, user1, lost} = held_turn!(@ttl, label: "lost")
+      {user2, turn} = {new_user(), turn_ref()}
       # Exactly @ttl back: older than the TTL by the time this call runs.
       backdate!([chat: chat], @ttl)
 
@@ -130,21 +98,16 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "does not take over a chat lock one second short of its TTL" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      turn1 = turn_ref()
-      :ok = Locks.acquire(chat, user1, turn1, @ttl)
-      backdate!([chat: chat], @ttl - 1)
+      {chat, _user1, turn1} = held_turn!(@ttl, age: @ttl - 1)
+      user2 = new_user()
 
       assert Locks.acquire(chat, user2, turn_ref(), @ttl) == {:error, :conversation_busy}
       assert_locks([chat: chat, user: user2], chat: {turn1, @ttl - 1}, user: nil)
     end
 
     test "takes over a user lock as soon as it is older than its TTL, left by a turn in another chat" do
-      [chat1, chat2] = insert_chats!(2)
-      user = new_user()
-      [lost, turn] = [turn_ref("lost"), turn_ref()]
-      :ok = Locks.acquire(chat1, user, lost, @ttl)
+      {chat1, user, lost} = held_turn!(@ttl, label: "lost")
+      {chat2, turn} = {insert_chat!(), turn_ref()}
       backdate!([user: user], @ttl)
 
       assert Locks.acquire(chat2, user, turn, @ttl) == :ok
@@ -157,32 +120,17 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
     end
 
     test "does not take over a user lock one second short of its TTL" do
-      [chat1, chat2] = insert_chats!(2)
-      user = new_user()
-      turn1 = turn_ref()
-      :ok = Locks.acquire(chat1, user, turn1, @ttl)
+      {_chat1, user, turn1} = held_turn!(@ttl)
+      chat2 = insert_chat!()
       backdate!([user: user], @ttl - 1)
 
       assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
       assert_locks([chat: chat2, user: user], chat: {nil, nil}, user: {turn1, @ttl - 1})
     end
 
-    test "takes over a click's user lock older than the TTL" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @ttl)
-      backdate!([user: user], @ttl + 1)
-
-      assert Locks.acquire(chat, user, turn, @ttl) == :ok
-      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
-    end
-
     test "measures age against the caller's ttl_s" do
-      chat = insert_chat!()
-      [user1, user2] = [new_user(), new_user()]
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user1, turn_ref(), @ttl)
+      {chat, _user1, _turn1} = held_turn!(@ttl)
+      {user2, turn} = {new_user(), turn_ref()}
       backdate!([chat: chat], 30)
 
       assert Locks.acquire(chat, user2, turn_ref(), 31) == {:error, :conversation_busy}
@@ -197,18 +145,6 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
                {:error, :conversation_busy}
 
       assert_lock(:user, user, nil)
-    end
-
-    test "addresses the same rows whatever the letter case of the uuids" do
-      [chat, chat2] = insert_chats!(2)
-      user = new_user()
-      turn = turn_ref()
-
-      assert Locks.acquire(String.upcase(chat), String.upcase(user), turn, @ttl) == :ok
-      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
-
-      assert Locks.acquire(chat, new_user(), turn_ref(), @ttl) == {:error, :conversation_busy}
-      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
     end
 
     test "taking the locks again with the ref that holds them succeeds and re-dates both" do
@@ -236,17 +172,6 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireTest do
              LEFT JOIN pg_locks l ON l.pid = a.pid AND l.locktype = 'advisory'
              WHERE a.application_name = 'phoenix_kit_agent_locks'
              """) == [["t", "0", "0"]]
-    end
-
-    test "a freed chat and user can be locked again by a new turn" do
-      chat = insert_chat!()
-      user = new_user()
-      [turn1, turn2] = [turn_ref(), turn_ref()]
-      :ok = Locks.acquire(chat, user, turn1, @ttl)
-      :ok = Locks.release(chat, user, turn1)
-
-      assert Locks.acquire(chat, user, turn2, @ttl) == :ok
-      assert_locks([chat: chat, user: user], chat: {turn2, 0}, user: {turn2, 0})
     end
   end
 end

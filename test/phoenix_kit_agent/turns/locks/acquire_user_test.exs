@@ -5,11 +5,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
   @hold 10
 
   describe "acquire_user/4" do
-    test "takes the user's lock for the click, dated back by ttl_s - hold_s" do
+    test "takes the user's lock for the click, dated back by ttl_s - hold_s, whatever the letter case of the uuid" do
       user = new_user()
       click = Locks.click_ref()
 
-      assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
+      assert Locks.acquire_user(String.upcase(user), click, @ttl, @hold) == :ok
       assert_lock(:user, user, {click, @ttl - @hold})
     end
 
@@ -19,14 +19,6 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
 
       assert Locks.acquire_user(user, click, @ttl, @ttl) == :ok
       assert_lock(:user, user, {click, 0})
-    end
-
-    test "creates the user's settings row when the user has none, and only that row" do
-      user = new_user()
-      click = Locks.click_ref()
-
-      assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
-      assert settings_rows(user) == 1
     end
 
     test "takes the lock in an existing free settings row" do
@@ -56,10 +48,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "takes over a turn's lock older than the TTL (its node went down)" do
-      chat = insert_chat!()
-      user = new_user()
+      {_chat, user, _turn} = held_turn!(@ttl)
       click = Locks.click_ref()
-      :ok = Locks.acquire(chat, user, turn_ref(), @ttl)
       backdate!([user: user], @ttl + 1)
 
       assert Locks.acquire_user(user, click, @ttl, @hold) == :ok
@@ -67,20 +57,19 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "is refused with :click_in_flight while another click holds the lock, and changes nothing" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, click1} = held_click!(@ttl, @hold)
       [user: before] = rows(user: user)
 
-      assert Locks.acquire_user(user, click2, @ttl, @hold) == {:error, :click_in_flight}
+      assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
+               {:error, :click_in_flight}
+
       assert [user: %{ref: ^click1, since: since}] = rows(user: user)
       assert since == before.since
     end
 
     test "takes over another click's lock once that click's hold has passed" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, _click1} = held_click!(@ttl, @hold)
+      click2 = Locks.click_ref()
       backdate!([user: user], @hold - 1)
       assert Locks.acquire_user(user, click2, @ttl, @hold) == {:error, :click_in_flight}
 
@@ -90,10 +79,8 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "blocks a turn for hold_s seconds, after which the turn takes the lock over" do
-      chat = insert_chat!()
-      user = new_user()
-      turn = turn_ref()
-      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold)
+      {user, _click} = held_click!(@ttl, @hold)
+      {chat, turn} = {insert_chat!(), turn_ref()}
 
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
       backdate!([user: user], @hold - 1)
@@ -115,24 +102,12 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     end
 
     test "takes the lock in a row freed by release_user/2" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, click1} = held_click!(@ttl, @hold)
+      click2 = Locks.click_ref()
       :ok = Locks.release_user(user, click1)
 
       assert Locks.acquire_user(user, click2, @ttl, @hold) == :ok
       assert_lock(:user, user, {click2, @ttl - @hold})
-    end
-
-    test "addresses the same row whatever the letter case of the uuid" do
-      user = new_user()
-      click = Locks.click_ref()
-
-      assert Locks.acquire_user(String.upcase(user), click, @ttl, @hold) == :ok
-      assert_lock(:user, user, {click, @ttl - @hold})
-
-      assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
-               {:error, :click_in_flight}
     end
   end
 end

@@ -27,9 +27,8 @@ defmodule PhoenixKitAgent.Turns.Locks.ClickRefTest do
     end
 
     test "a lock taken with it is reported as :click_in_flight to a turn and to another click" do
+      {user, _click} = held_click!(@ttl, @ttl)
       chat = insert_chat!()
-      user = new_user()
-      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @ttl)
 
       assert Locks.acquire(chat, user, turn_ref(), @ttl) == {:error, :click_in_flight}
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @ttl) == {:error, :click_in_flight}

@@ -12,9 +12,7 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false for another ref" do
-      chat = insert_chat!()
-      user = new_user()
-      :ok = Locks.acquire(chat, user, turn_ref(), @ttl)
+      {chat, user, _turn} = held_turn!(@ttl)
 
       assert Locks.held?(chat, user, turn_ref()) == false
     end
@@ -43,10 +41,8 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false for a pair of locks the turn holds in two different turns' rows" do
-      [chat1, chat2] = insert_chats!(2)
-      [user1, user2] = [new_user(), new_user()]
-      turn = turn_ref()
-      :ok = Locks.acquire(chat1, user1, turn, @ttl)
+      {chat1, user1, turn} = held_turn!(@ttl)
+      {chat2, user2} = {insert_chat!(), new_user()}
 
       assert Locks.held?(chat1, user2, turn) == false
       assert Locks.held?(chat2, user1, turn) == false
@@ -66,36 +62,14 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
 
   describe "fresh?/3" do
     test "is true right after the turn took its locks" do
-      chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, new_user(), turn, @ttl)
+      {chat, _user, turn} = held_turn!(@ttl)
 
       assert Locks.fresh?(chat, turn, @ttl) == true
       assert Locks.fresh?(String.upcase(chat), turn, @ttl) == true
     end
 
-    test "is true one second short of ttl_s" do
-      chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, new_user(), turn, @ttl)
-      backdate!([chat: chat], @ttl - 1)
-
-      assert Locks.fresh?(chat, turn, @ttl) == true
-    end
-
-    test "is false as soon as the chat's lock is older than ttl_s" do
-      chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, new_user(), turn, @ttl)
-      backdate!([chat: chat], @ttl)
-
-      assert Locks.fresh?(chat, turn, @ttl) == false
-    end
-
     test "measures age against the caller's ttl_s" do
-      chat = insert_chat!()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, new_user(), turn, @ttl)
+      {chat, _user, turn} = held_turn!(@ttl)
       backdate!([chat: chat], 30)
 
       assert Locks.fresh?(chat, turn, 31) == true
@@ -103,19 +77,13 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
     end
 
     test "is false when the chat's lock is another turn's" do
-      chat = insert_chat!()
-      :ok = Locks.acquire(chat, new_user(), turn_ref(), @ttl)
+      {chat, _user, _turn} = held_turn!(@ttl)
 
       assert Locks.fresh?(chat, turn_ref(), @ttl) == false
     end
 
     test "looks only at the chat's lock: true though the user's was taken over" do
-      [chat, other_chat] = insert_chats!(2)
-      user = new_user()
-      lost = turn_ref("lost")
-      :ok = Locks.acquire(chat, user, lost, @ttl)
-      backdate!([user: user], @ttl + 1)
-      :ok = Locks.acquire(other_chat, user, turn_ref(), @ttl)
+      {chat, _other_chat, _user, lost, _turn} = user_taken_over!(@ttl)
 
       assert Locks.fresh?(chat, lost, @ttl) == true
     end
@@ -131,11 +99,9 @@ defmodule PhoenixKitAgent.Turns.Locks.HeldFreshTest do
       assert Locks.fresh?(TestDB.uuid(), turn_ref(), @ttl) == false
     end
 
-    test "answers the opposite of a take-over: what is not fresh can be taken over" do
-      chat = insert_chat!()
-      lost = turn_ref("lost")
-      :ok = Locks.acquire(chat, new_user(), lost, @ttl)
-
+    test "is true one second short of ttl_s and false as soon as the chat's lock is older: " <>
+           "the opposite of a take-over" do
+      {chat, _user, lost} = held_turn!(@ttl, label: "lost")
       backdate!([chat: chat], @ttl - 1)
 
       assert {Locks.fresh?(chat, lost, @ttl), Locks.acquire(chat, new_user(), turn_ref(), @ttl)} ==

@@ -5,12 +5,12 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
   @hold 10
 
   describe "keep_user/4" do
-    test "re-dates the click's lock as if taken now and answers true" do
+    test "re-dates the click's lock as if taken now and answers true, whatever the letter case of the uuid" do
       {user, click} = held_click!(@ttl, @hold)
       backdate!([user: user], @hold - 1)
       assert_lock(:user, user, {click, @ttl - 1})
 
-      assert Locks.keep_user(user, click, @ttl, @hold) == true
+      assert Locks.keep_user(String.upcase(user), click, @ttl, @hold) == true
       assert_lock(:user, user, {click, @ttl - @hold})
     end
 
@@ -22,11 +22,8 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "keeps blocking a turn for hold_s after each keep" do
-      chat = insert_chat!()
-      user = new_user()
-      click = Locks.click_ref()
-      turn = turn_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold)
+      {chat, turn} = {insert_chat!(), turn_ref()}
       backdate!([user: user], @hold - 1)
 
       assert Locks.keep_user(user, click, @ttl, @hold) == true
@@ -57,11 +54,9 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     end
 
     test "answers false after another click took the lock over, and leaves its lock as it is" do
-      user = new_user()
-      [click1, click2] = [Locks.click_ref(), Locks.click_ref()]
-      :ok = Locks.acquire_user(user, click1, @ttl, @hold)
+      {user, click1} = held_click!(@ttl, @hold)
       backdate!([user: user], @hold + 1)
-      :ok = Locks.acquire_user(user, click2, @ttl, @hold)
+      {user, click2} = held_click!(@ttl, @hold, user)
       [user: before] = rows(user: user)
 
       assert Locks.keep_user(user, click1, @ttl, @hold) == false
@@ -83,14 +78,6 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
 
       assert Locks.keep_user(user, Locks.click_ref(), @ttl, @hold) == false
       assert_lock(:user, user, nil)
-    end
-
-    test "addresses the same row whatever the letter case of the uuid" do
-      {user, click} = held_click!(@ttl, @hold)
-      backdate!([user: user], 5)
-
-      assert Locks.keep_user(String.upcase(user), click, @ttl, @hold) == true
-      assert_lock(:user, user, {click, @ttl - @hold})
     end
   end
 end

@@ -24,21 +24,6 @@ defmodule PhoenixKitAgent.Turns.Locks.RacesTest do
 
   defp winners(values, winning), do: for({v, i} <- Enum.with_index(values), v == winning, do: i)
 
-  # The rows of `ids` that carry a lock: `[id, ref]`, in uuid order.
-  defp locked(kind, ids) do
-    {table, key} =
-      if kind == :chat,
-        do: {"phoenix_kit_agent_conversations", "uuid"},
-        else: {"phoenix_kit_agent_user_settings", "user_uuid"}
-
-    TestDB.query!("""
-    SELECT #{key}::text, busy_turn_ref FROM #{table}
-    WHERE #{key} = ANY('{#{Enum.join(ids, ",")}}'::uuid[])
-      AND (busy_turn_ref IS NOT NULL OR busy_since IS NOT NULL)
-    ORDER BY 1
-    """)
-  end
-
   describe "acquire/4" do
     test "turns of distinct users meeting on one chat: exactly one takes it, no loser's user is touched" do
       chat = insert_chat!()
@@ -148,9 +133,7 @@ defmodule PhoenixKitAgent.Turns.Locks.RacesTest do
 
   describe "keep/4" do
     test "keeps of the holder, each waiting for the row: every one renews the lease" do
-      {chat, user, turn} = {insert_chat!(), new_user(), turn_ref()}
-      :ok = Locks.acquire(chat, user, turn, @ttl)
-      backdate!([chat: chat, user: user], 5)
+      {chat, user, turn} = held_turn!(@ttl, age: 5)
 
       assert race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl) end) ==
                [true, true, true]

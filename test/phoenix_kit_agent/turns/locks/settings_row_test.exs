@@ -17,34 +17,28 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
 
   describe "updated_at of a settings row" do
     test "is not changed by acquire/4 taking the user's lock" do
-      user = settled_user()
-      :ok = Locks.acquire(insert_chat!(), user, turn_ref(), @ttl)
+      {_chat, user, _turn} = held_turn!(@ttl, user: settled_user())
 
       assert updated_at(user) == @long_ago
     end
 
     test "is not changed by acquire/4 refused the user's lock" do
-      [chat1, chat2] = insert_chats!(2)
-      user = settled_user()
-      :ok = Locks.acquire(chat1, user, turn_ref(), @ttl)
+      {_chat, user, _turn} = held_turn!(@ttl, user: settled_user())
 
-      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == {:error, :turn_in_flight}
+      assert Locks.acquire(insert_chat!(), user, turn_ref(), @ttl) == {:error, :turn_in_flight}
       assert updated_at(user) == @long_ago
     end
 
     test "is not changed by acquire/4 taking over a stale user lock" do
-      [chat1, chat2] = insert_chats!(2)
-      user = settled_user()
-      :ok = Locks.acquire(chat1, user, turn_ref(), @ttl)
+      {_chat, user, _turn} = held_turn!(@ttl, user: settled_user())
       backdate!([user: user], @ttl + 1)
 
-      assert Locks.acquire(chat2, user, turn_ref(), @ttl) == :ok
+      assert Locks.acquire(insert_chat!(), user, turn_ref(), @ttl) == :ok
       assert updated_at(user) == @long_ago
     end
 
     test "is not changed by acquire_user/4, taken or refused" do
-      user = settled_user()
-      :ok = Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold)
+      {user, _click} = held_click!(@ttl, @hold, settled_user())
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, @hold) ==
                {:error, :click_in_flight}
@@ -53,19 +47,14 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
     end
 
     test "is not changed by keep_user/4" do
-      user = settled_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold, settled_user())
 
       assert Locks.keep_user(user, click, @ttl, @hold) == true
       assert updated_at(user) == @long_ago
     end
 
     test "is not changed by release/3" do
-      chat = insert_chat!()
-      user = settled_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
+      {chat, user, turn} = held_turn!(@ttl, user: settled_user())
 
       assert Locks.release(chat, user, turn) == :ok
       assert_lock(:user, user, {nil, nil})
@@ -73,11 +62,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
     end
 
     test "is not changed by release_stale/4" do
-      chat = insert_chat!()
-      user = settled_user()
-      turn = turn_ref()
-      :ok = Locks.acquire(chat, user, turn, @ttl)
-      backdate!([chat: chat, user: user], @ttl + 1)
+      {chat, user, turn} = held_turn!(@ttl, user: settled_user(), age: @ttl + 1)
 
       assert Locks.release_stale(chat, user, turn, @ttl) == true
       assert_lock(:user, user, {nil, nil})
@@ -85,9 +70,7 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
     end
 
     test "is not changed by release_user/2" do
-      user = settled_user()
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, @ttl, @hold)
+      {user, click} = held_click!(@ttl, @hold, settled_user())
 
       assert Locks.release_user(user, click) == :ok
       assert_lock(:user, user, {nil, nil})
@@ -97,16 +80,14 @@ defmodule PhoenixKitAgent.Turns.Locks.SettingsRowTest do
 
   describe "the user's settings row" do
     test "is created once, by the first lock of a user who has none, and kept after release" do
-      [chat1, chat2] = insert_chats!(2)
       user = new_user()
-      [turn1, turn2] = [turn_ref(), turn_ref()]
       assert settings_rows(user) == 0
 
-      :ok = Locks.acquire(chat1, user, turn1, @ttl)
-      :ok = Locks.release(chat1, user, turn1)
+      {chat, user, turn} = held_turn!(@ttl, user: user)
+      :ok = Locks.release(chat, user, turn)
       assert_lock(:user, user, {nil, nil})
 
-      :ok = Locks.acquire(chat2, user, turn2, @ttl)
+      held_turn!(@ttl, user: user)
       assert settings_rows(user) == 1
     end
 

@@ -47,17 +47,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
     Node.start!(app_env: [url: url, pool_size: 10] ++ @timeouts ++ extra)
   end
 
-  defp insert_chats(url, n) do
-    ids = for _ <- 1..n, do: TestDB.uuid()
-
-    TestDB.query!(
-      "INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES #{Enum.map_join(ids, ",", &"('#{&1}')")}",
-      url
-    )
-
-    ids
-  end
-
   defp locks_error?({:raised, %Error{}}), do: true
   defp locks_error?(_), do: false
 
@@ -78,7 +67,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
          %{dir: dir, url: url} do
       node = start_node(url)
       assert {_pid, {:ok, _}} = Node.hello(node)
-      {pre_chats, load_chats} = url |> insert_chats(20) |> Enum.split(10)
+      {pre_chats, load_chats} = Enum.split(TestDB.insert_chats!(20, url), 10)
       pre_users = for _ <- pre_chats, do: TestDB.uuid()
       load_users = for _ <- load_chats, do: TestDB.uuid()
 
@@ -168,7 +157,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
     test "the application starts, calls raise Locks.Error :connect at once, and serve " <>
            "once PostgreSQL is up, without a restart",
          %{dir: dir, url: url} do
-      chats = insert_chats(url, 20)
+      chats = TestDB.insert_chats!(20, url)
       users = for _ <- chats, do: TestDB.uuid()
       {_, 0} = Pg.run(Pg.crash_command(dir))
       on_exit(fn -> Pg.ensure_running!(dir) end)
@@ -206,7 +195,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
     test "acquire/4 raises Locks.Error :timeout at the call's deadline, its statement is " <>
            "cancelled (it never takes the lock later), and the next one takes it once the row is free",
          %{url: url} do
-      [chat] = insert_chats(url, 1)
+      [chat] = TestDB.insert_chats!(1, url)
       user = TestDB.uuid()
       node = start_node(url)
       psql = TestDB.session!(url)
@@ -251,7 +240,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
   # over it (scripts/pg).
   describe "a Unix socket directory (socket_dir)" do
     test "a call connects through the cluster's socket and takes its lock", %{dir: dir, url: url} do
-      [chat] = insert_chats(url, 1)
+      [chat] = TestDB.insert_chats!(1, url)
       %URI{port: port, path: "/" <> database} = URI.parse(url)
       socket = [socket_dir: Path.join(dir, "sock"), port: port, username: "locks"]
       node = Node.start!(app_env: [database: database] ++ socket ++ @timeouts)

@@ -35,15 +35,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
     %{dir: dir, url: url}
   end
 
-  defp fresh_chats(url, n) do
-    chats = for _ <- 1..n, do: TestDB.uuid()
-    TestDB.query!(TestDB.insert_chats_sql(chats), url)
-    chats
-  end
-
   setup %{dir: dir, url: url} do
     :ok = Pg.ensure_running!(dir)
-    chats = fresh_chats(url, @callers)
+    chats = TestDB.insert_chats!(@callers, url)
     name = "locks_freeze_#{System.unique_integer([:positive])}"
     node = Node.start!(app_env: [url: url, application_name: name] ++ @timeouts)
     assert {_pid, {:ok, _}} = Node.hello(node)
@@ -116,7 +110,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
 
     # A chat of its own: the frozen acquires the server had received ran
     # when it thawed (see the README's "Limits").
-    [fresh] = fresh_chats(url, 1)
+    [fresh] = TestDB.insert_chats!(1, url)
     assert Node.call(node, Locks, :acquire, [fresh, TestDB.uuid(), "thawed", 60]) == :ok
   end
 
@@ -133,7 +127,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
 
     {:ok, _} = Node.call(node, Application, :ensure_all_started, [:phoenix_kit_agent_locks])
 
-    [fresh] = fresh_chats(url, 1)
+    [fresh] = TestDB.insert_chats!(1, url)
     assert Node.call(node, Locks, :acquire, [fresh, TestDB.uuid(), "restarted", 60]) == :ok
   end
 end

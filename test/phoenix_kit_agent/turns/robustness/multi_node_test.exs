@@ -74,14 +74,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.MultiNodeTest do
       assert Enum.frequencies(values) == %{:ok => 1, {:error, :turn_in_flight} => 499}
       w = Enum.find_index(values, &(&1 == :ok))
 
-      locked =
-        TestDB.query!("""
-        SELECT uuid::text, busy_turn_ref FROM phoenix_kit_agent_conversations
-        WHERE uuid = ANY('{#{Enum.join(chats, ",")}}'::uuid[])
-          AND (busy_turn_ref IS NOT NULL OR busy_since IS NOT NULL)
-        """)
-
-      assert locked == [[Enum.at(chats, w), "n2-#{w}"]]
+      assert TestDB.locked(:chat, chats) == [[Enum.at(chats, w), "n2-#{w}"]]
       assert elem(TestDB.lock(:user, user), 0) == "n2-#{w}"
     end
 
@@ -90,32 +83,16 @@ defmodule PhoenixKitAgent.Turns.Robustness.MultiNodeTest do
          %{nodes: [a, b | _]} do
       chat = TestDB.insert_chat!()
       user = TestDB.uuid()
-      psql = TestDB.session!(TestDB.url())
 
       for round <- 1..200 do
         turn = "n3-#{round}"
         assert Locks.acquire(chat, user, turn, 60) == :ok
-
-        TestDB.query!(
-          """
-          UPDATE phoenix_kit_agent_conversations SET busy_since = busy_since - interval '120 s' WHERE uuid = '#{chat}';
-          UPDATE phoenix_kit_agent_user_settings SET busy_since = busy_since - interval '120 s' WHERE user_uuid = '#{user}'
-          """,
-          psql
-        )
+        TestDB.backdate!([chat: chat, user: user], 120)
 
         call = {:release_stale, [chat, user, turn, 60]}
         values = [a, b] |> race_across([call, call]) |> assert_no_raise()
         assert Enum.sort(values) == [false, true], "round #{round}"
-
-        assert TestDB.query!(
-                 """
-                 SELECT busy_turn_ref, busy_since FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'
-                 UNION ALL
-                 SELECT busy_turn_ref, busy_since FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'
-                 """,
-                 psql
-               ) == [[nil, nil], [nil, nil]]
+        assert TestDB.locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
       end
     end
   end
