@@ -5,7 +5,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   turn at a time per chat, and the user's (the same columns of
   `phoenix_kit_agent_user_settings`; a user with no row gets an empty one the
   first time their lock is taken), one turn in flight per user across all
-  their chats.
+  their chats. A click on a confirmation card takes the user's lock alone
+  (`acquire_user/4`).
 
   A lock is taken by one atomic statement only when it is free
   (`busy_turn_ref` names no holder) or its `busy_since` is older than the
@@ -176,7 +177,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   Options: `:ttl_s` (required), the lease in whole seconds; `:wait_ms`, how
   long to keep trying while the locks are refused, with a back-off of 50 ms
-  doubling to 1 s (default `0`: one try).
+  doubling to 1 s, each pause shortened at random by up to a quarter
+  (default `0`: one try).
 
       Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)

@@ -150,7 +150,9 @@ impl Waiters<Waiter> for Callers<'_> {
 }
 
 /// A token, or `{:wait, ticket, ms}` with the job left with the gate; bad
-/// arguments are a bad argument only for a caller that must wait.
+/// arguments are a bad argument only for a caller that must wait. Raises
+/// `:pool_timeout` when the checkout deadline has passed already,
+/// `:not_started` without a pool.
 #[rustler::nif]
 fn admit<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
     send_answers(env, false);
@@ -231,6 +233,7 @@ fn serve(env: Env<'_>, pool: &LockPool, permit: &Permit, until: Deadline) -> usi
         let mut kept = Kept { pid: waiter.pid, ticket, answer: None };
         let deadline = deadline(waiter.start, now, pool.settings()).min(until);
         let answer = global::block_on(pool.run(deadline, &waiter.job)).and_then(|a| a);
+        // Queued for send_answers when `kept` drops, at the end of this round.
         if kept.answer.insert(answer).is_err() {
             return served + 1;
         }

@@ -12,8 +12,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
       with {:error, {:upgrade, _}} <- :erlang.load_nif(path, 0) do
         # Loaded again in a running VM while a version holds the library, and
         # rustler has no upgrade callback: an old version is purged for this
-        # one to take the library; the current one keeps it (what survives:
-        # the README's "Limits").
+        # one to take the library; the current one keeps it, and this one is
+        # refused (what survives: the README's "Limits").
         :code.purge(__MODULE__)
         :erlang.load_nif(path, 0)
       end
