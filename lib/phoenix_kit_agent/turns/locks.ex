@@ -253,10 +253,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc false
-  # The NIF call of `function`. Beyond pool_size running calls, a caller waits
-  # here on a normal scheduler, first come first served, until its checkout
-  # deadline: for a turn, or for the answer of a call that ran its job in its own
-  # turn and sends it once back on a normal scheduler (:deliver; call.rs).
+  # The NIF call of `function`, by the protocol of native/locks_nif/src/call.rs:
+  # beyond pool_size running calls, the caller waits here, on a normal scheduler.
   def call(function, start, args) do
     case Native.admit(start, function, args) do
       {:wait, ticket, wait_ms} ->
@@ -284,11 +282,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp served_answer({:done, answer}), do: answer
   defp served_answer({:raise, exception}), do: raise(exception)
 
-  # The checkout deadline passed. leave/2 takes the call out of the queue (or
-  # gives back a turn sent just now): :pool_timeout; or says another call's turn
-  # ran or runs its job, so its answer is in the mailbox or due within the call's
-  # deadline: missing wait_ms later, the call that ran it was killed before
-  # sending it, and deliver/0 sends it.
+  # The checkout deadline passed (leave/2: call.rs). A served answer still missing
+  # wait_ms later was kept by a call killed before sending it: deliver/0 sends it.
   defp give_up(ticket, function, start, args) do
     case Native.leave(ticket, start) do
       {:served, wait_ms} ->
