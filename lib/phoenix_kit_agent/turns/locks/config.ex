@@ -192,8 +192,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     if uri.port == nil and String.contains?(String.replace(hostport, ~r/\A\[[^\]]*\]/, ""), ":"),
       do: bad!(name, "has a port that is not a number")
 
-    [username | password] =
-      for part <- String.split(userinfo, ":", parts: 2), do: decode!(part, name)
+    {username, password} =
+      case String.split(userinfo, ":", parts: 2) do
+        [user] -> {decode!(user, name), nil}
+        [user, password] -> {decode!(user, name), decode!(password, name)}
+      end
 
     parameters =
       for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
@@ -207,7 +210,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       hostname: uri.host && uri.host != "" && decode!(uri.host, name),
       port: uri.port,
       username: username,
-      password: List.first(password),
+      password: password,
       database:
         uri.path not in [nil, "", "/"] && decode!(String.trim_leading(uri.path, "/"), name)
     ]
