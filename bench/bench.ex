@@ -32,8 +32,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   transaction control one call of each function costs on the server
   (`Bench.StatementCounter`, pg_stat_statements under a role of its own;
   without it, `pg_stat_database.xact_commit` deltas), and `overhead` times
-  the steps of one `held?/3` serially, the turn of the admission gate
-  (`Native.admit/3`) among them.
+  the steps of one `held?/3` serially, the slot of the queue
+  (`Native.admit/1`) among them.
 
   The statement texts pgbench runs are read off the wire (`Bench.Wire`):
   a pool of the bench's own runs each public call once through a proxy that
@@ -748,33 +748,33 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     bytes = fn uuid -> Base.decode16!(String.replace(uuid, "-", ""), case: :mixed) end
     {cb, ub} = {bytes.(c), bytes.(u)}
 
-    # A call that enters the gate with its turn, gives it back and raises
-    # before any I/O: it rejects its first argument.
-    rejected = fn token, start ->
+    # A call that takes its slot, frees it and raises before any I/O: it
+    # rejects its first argument.
+    rejected = fn start ->
       try do
-        Native.run(token, start, :held?, ["not-a-uuid", ub, r])
+        Native.run(start, :held?, ["not-a-uuid", ub, r])
       rescue
         ArgumentError -> :ok
       end
     end
 
-    # A turn and the call's stamp, as Locks takes them (nobody waits here).
-    turn = fn ->
+    # A slot and the call's stamp, as Locks takes them (nobody waits here).
+    slot = fn ->
       start = System.monotonic_time(:nanosecond)
-      {Native.admit(start, :held?, [cb, ub, r]), start}
+      :go = Native.admit(start)
+      start
     end
 
-    # Native.admit/3 alone: each turn it hands out is used right after,
-    # untimed, by a rejected call, so that turns never pile up.
+    # Native.admit/1 alone: each slot it hands out is used right after,
+    # untimed, by a rejected call, so that slots never pile up.
     admit = fn ->
       lats =
         for i <- 1..(200 + n) do
           start = System.monotonic_time(:nanosecond)
           t0 = :erlang.monotonic_time()
-          token = Native.admit(start, :held?, [cb, ub, r])
+          :go = Native.admit(start)
           t1 = :erlang.monotonic_time()
-          true = is_integer(token)
-          rejected.(token, start)
+          rejected.(start)
           if i > 200, do: t1 - t0
         end
 
@@ -783,17 +783,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     rows = [
       {"normal-scheduler NIF, no work (Native.loaded/0)", time.(fn -> Native.loaded() end)},
-      {"a turn alone: Native.admit/3 (normal scheduler)", admit.()},
-      {"a turn + a dirty-I/O NIF that takes it, rejects its argument and gives it back (no tokio, no I/O)",
-       time.(fn ->
-         {token, start} = turn.()
-         rejected.(token, start)
-       end)},
-      {"Native.run/4 of held? (a turn, then the NIF: decode, pool, statement, reply)",
-       time.(fn ->
-         {token, start} = turn.()
-         true = Native.run(token, start, :held?, [cb, ub, r])
-       end)},
+      {"a slot alone: Native.admit/1 (normal scheduler)", admit.()},
+      {"a slot + a dirty-I/O NIF that takes it, rejects its argument and frees it (no tokio, no I/O)",
+       time.(fn -> rejected.(slot.()) end)},
+      {"Native.run/3 of held? (a slot, then the NIF: decode, pool, statement, reply)",
+       time.(fn -> true = Native.run(slot.(), :held?, [cb, ub, r]) end)},
       {"Locks.held?/3 (adds the Elixir argument checks)",
        time.(fn -> true = Locks.held?(c, u, r) end)}
     ]

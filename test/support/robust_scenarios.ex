@@ -337,14 +337,15 @@ end
 
 defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   @moduledoc false
-  # Callers that queue at the admission gate, in a child node: `start/1`
-  # starts each call in a process of its own, one after the other, and
-  # returns once the first runs and every other one waits in the queue, in
-  # the order given (so the test knows the order the gate serves them in);
-  # `answers/1` collects, for each, `{answer, ended}`: `Race.attempt/2`'s
-  # value and when the call returned (monotonic, microseconds). The first
-  # caller can be killed while its call runs (`kill_first/0`): its answer is
-  # then `:killed`.
+  # Callers in the queue's line, in a child node: `start/1` starts each call
+  # in a process of its own, one after the other, and returns once the first
+  # runs and every other one waits in line, in the order given (so the test
+  # knows the order the slots are handed in); `answers/1` collects, for
+  # each, `{answer, ended, mailbox}`: `Race.attempt/2`'s value, when the call
+  # returned (monotonic, microseconds) and what was left in the caller's
+  # mailbox. Any caller can be killed (`kill/1`): its answer is then
+  # `:killed`. `hold_slot/0` takes a slot with `Native.admit/1` and never
+  # starts it.
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
@@ -352,7 +353,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
   def start([first | queued]) do
     collector = self_collector()
-    Process.register(call(collector, 0, first), __MODULE__.First)
+    call(collector, 0, first)
     :ok = Faults.until(fn -> Locks.status().pool.running == 1 end, 10_000)
 
     for {call, i} <- Enum.with_index(queued, 1) do
@@ -363,15 +364,36 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     :ok
   end
 
-  @doc "`Native.admit/3` of a call stamped now (this node's clock): its value or what it raised."
-  def admit(function, args) do
-    Race.attempt_in(Locks.Native, :admit, [System.monotonic_time(:nanosecond), function, args])
+  def kill(i) do
+    Process.exit(Process.whereis(name(i)), :kill)
+    send(__MODULE__, {:answer, i, {:killed, System.monotonic_time(:microsecond), []}})
+    :ok
   end
 
-  def kill_first do
-    Process.exit(Process.whereis(__MODULE__.First), :kill)
-    send(__MODULE__, {:answer, 0, {:killed, System.monotonic_time(:microsecond)}})
-    :ok
+  def hold_slot do
+    me = self()
+
+    pid =
+      spawn(fn ->
+        send(me, {:admitted, Locks.Native.admit(System.monotonic_time(:nanosecond))})
+        Process.sleep(:infinity)
+      end)
+
+    receive do
+      {:admitted, answer} -> {pid, answer}
+    end
+  end
+
+  @doc "Waits (10 s at most) until `Locks.status().pool[key]`, or the answers collected, number `n`."
+  def until(:answered, n), do: Faults.until(fn -> answered() == n end, 10_000)
+  def until(key, n), do: Faults.until(fn -> Locks.status().pool[key] == n end, 10_000)
+
+  def answered do
+    send(__MODULE__, {:count, self()})
+
+    receive do
+      {:count, n} -> n
+    end
   end
 
   def answers(n) do
@@ -398,13 +420,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     receive do
       {:answer, i, answer} -> collect(Map.put(answers, i, answer), asker)
       {:answers, from, n} -> collect(answers, {from, n})
+      {:count, from} -> send(from, {:count, map_size(answers)}) && collect(answers, asker)
     end
   end
 
+  defp name(i), do: Module.concat(__MODULE__, "Caller#{i}")
+
   defp call(collector, i, {fun, args}) do
     spawn(fn ->
+      Process.register(self(), name(i))
       answer = Race.attempt(fun, args)
-      send(collector, {:answer, i, {answer, System.monotonic_time(:microsecond)}})
+      {:messages, left} = Process.info(self(), :messages)
+      send(collector, {:answer, i, {answer, System.monotonic_time(:microsecond), left}})
     end)
   end
 end

@@ -34,7 +34,7 @@ defmodule Mix.Tasks.Locks.Bench do
       right to create a role, `pg_stat_database.xact_commit` deltas, an
       upper bound;
     * `overhead`: the steps of one `held?/3`, serially: a normal-scheduler
-      NIF, the admission gate's turn alone (`Native.admit/3`), a turn and a
+      NIF, the queue's slot alone (`Native.admit/1`), a slot and a
       dirty-I/O NIF that does no I/O, the whole call.
 
   For each: ops/s and the p50/p99/max latency a caller sees, the same for

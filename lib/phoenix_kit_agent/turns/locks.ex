@@ -223,9 +223,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   What the library is doing: `:pool` (`:size`, the calls that may run at
-  once; `:running`, `:waiting` for a turn; `:served`, the calls run in
-  another call's turn since the VM started; the pool's `:connections` and
-  those `:idle`), `:calls` (by function, the count of each outcome: `:ok`,
+  once; `:running`; `:waiting` in line for a slot; the pool's
+  `:connections` and those `:idle`), `:calls` (by function, the count of each outcome: `:ok`,
   each refusal reason, each error reason) and `:latency` (by function:
   `:calls`, `:p50_us`, `:p99_us`, `:max_us`, the upper bounds of
   power-of-two buckets), since the VM started. Raises `:not_started`
@@ -253,60 +252,29 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc false
-  # The NIF call of `function`, by the protocol of native/locks_nif/src/call.rs:
-  # beyond pool_size running calls, the caller waits here, on a normal scheduler.
+  # The NIF calls of `function`, by the protocol of native/locks_core/src/queue.rs:
+  # with no free slot, the caller waits here, on a normal scheduler, for one.
   def call(function, start, args) do
-    case Native.admit(start, function, args) do
-      {:wait, ticket, wait_ms} ->
+    case Native.admit(start) do
+      :go ->
+        Native.run(start, function, args)
+
+      {:wait, wait_ms} ->
         receive do
-          {:phoenix_kit_agent_locks, ^ticket, message} -> reply(message, function, start, args)
-        after
-          wait_ms -> give_up(ticket, function, start, args)
-        end
-
-      token ->
-        run_in_turn(token, start, function, args)
-    end
-  end
-
-  defp run_in_turn(token, start, function, args) do
-    with {:phoenix_kit_agent_locks, :deliver, answer} <- Native.run(token, start, function, args) do
-      Native.deliver()
-      answer
-    end
-  end
-
-  defp reply({:turn, token}, function, start, args), do: run_in_turn(token, start, function, args)
-  defp reply(served, _function, _start, _args), do: served_answer(served)
-
-  defp served_answer({:done, answer}), do: answer
-  defp served_answer({:raise, exception}), do: raise(exception)
-
-  # The checkout deadline passed (leave/2: call.rs). A served answer still missing
-  # wait_ms later was kept by a call killed before sending it: deliver/0 sends it.
-  defp give_up(ticket, function, start, args) do
-    case Native.leave(ticket, start) do
-      {:served, wait_ms} ->
-        receive do
-          {:phoenix_kit_agent_locks, ^ticket, message} -> reply(message, function, start, args)
+          {:phoenix_kit_agent_locks, :go} -> Native.run(start, function, args)
+          {:phoenix_kit_agent_locks, %Error{} = closed} -> raise closed
         after
           wait_ms ->
-            Native.deliver()
-            message = "no answer from the call that ran this one within #{wait_ms} ms"
-            answer_now(ticket, %Error{reason: :timeout, message: message})
+            error = Native.leave()
+            # A slot handed as the deadline passed went back: its message is here.
+            receive do
+              {:phoenix_kit_agent_locks, _} -> :ok
+            after
+              0 -> :ok
+            end
+
+            raise error
         end
-
-      {:left, pool_timeout} ->
-        answer_now(ticket, pool_timeout)
-    end
-  end
-
-  defp answer_now(ticket, error) do
-    receive do
-      {:phoenix_kit_agent_locks, ^ticket, {:turn, _}} -> raise error
-      {:phoenix_kit_agent_locks, ^ticket, served} -> served_answer(served)
-    after
-      0 -> raise error
     end
   end
 
@@ -353,8 +321,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   defp click_ref?(value), do: is_binary(value) and String.starts_with?(value, click_prefix())
 
-  # The native side's prefix (it tells a refusal's holder by it), kept by Native.
-  defp click_prefix, do: :persistent_term.get({Native, :click_prefix})
+  # The native side's prefix (it tells a refusal's holder by it), kept by Native
+  # when it loads; asking Native loads it, in a VM that loads modules on first use.
+  defp click_prefix,
+    do: :persistent_term.get({Native, :click_prefix}, nil) || Native.click_prefix()
 
   defp ref!(name, value) when is_binary(value) and byte_size(value) in 1..@max_ref_bytes do
     if String.valid?(value) and not String.contains?(value, <<0>>),

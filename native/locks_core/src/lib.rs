@@ -8,13 +8,12 @@
 //! VM that loads this: arguments are [`args`] types before any SQL runs,
 //! nothing from outside is unwrapped, and every failure is an [`Error`] that
 //! never carries the password. The NIF (`locks_nif`) only converts terms: it
-//! decodes a [`Job`], asks the [`admission::Gate`] for a turn and runs the
+//! takes a slot of the [`queue::Queue`], decodes a [`Job`] and runs the
 //! job on [`global::current`] with [`global::block_on`].
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
-pub mod admission;
 pub mod args;
 mod connect;
 mod error;
@@ -22,6 +21,7 @@ pub mod global;
 mod job;
 mod outcome;
 mod pool;
+pub mod queue;
 pub mod schema;
 mod settings;
 mod sql;

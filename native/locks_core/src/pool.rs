@@ -195,8 +195,14 @@ impl LockPool {
     /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
     /// each one does, `sql.rs` for how); its answer.
     pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
-        let rows = self.query(deadline, job.statement(), &job.params()).await?;
-        job.answer(&rows)
+        let rows = self.query(deadline, job.statement(), &job.params()).await;
+        if self.pool.is_closed() {
+            // The pool closed while this call ran: its connection was dropped
+            // on the way back; let the runtime end its task, which closes the
+            // socket now rather than at some later call.
+            crate::global::catch_up().await;
+        }
+        job.answer(&rows?)
     }
 
     /// Connections in the pool, and those of them idle.

@@ -5,12 +5,12 @@ use std::str::FromStr;
 use std::time::{Duration, Instant};
 
 use locks_core::args::CLICK_REF_PREFIX;
-use locks_core::{global, schema, Deadline, Location, Prepare, Settings, SslMode};
+use locks_core::{global, schema, Deadline, Error, Location, Prepare, Settings, SslMode};
 use rustler::{Atom, Decoder, Env, NifResult, NifStruct, Term};
 
 use crate::atoms;
-use crate::call::{now_ns, Callers, GATE};
-use crate::error::raise;
+use crate::call::{go, tell, QUEUE};
+use crate::error::{exception, raise};
 
 /// Every setting, resolved, defaulted and checked by the Elixir side.
 #[derive(NifStruct)]
@@ -44,7 +44,7 @@ impl<'a, T: FromStr + 'a> Decoder<'a> for Named<T> {
     }
 }
 
-/// Installs a new pool and sizes the gate to it. Connects nothing; reads the
+/// Installs a new pool and sizes the queue to it. Connects nothing; reads the
 /// CA file, if one is set, unless TLS is off.
 #[rustler::nif(schedule = "DirtyIo")]
 fn start(env: Env<'_>, c: Config) -> NifResult<Atom> {
@@ -70,12 +70,15 @@ fn start(env: Env<'_>, c: Config) -> NifResult<Atom> {
         prepare: c.prepare.0,
     })
     .map_err(raise)?;
-    GATE.set_capacity(pool.settings().pool_size, now_ns(), &Callers(env));
+    QUEUE.resize(pool.settings().pool_size, go(env));
     Ok(atoms::ok())
 }
 
+/// Tells every caller in line that the pool is gone, then closes it: its
+/// idle connections at once, each busy one as its call ends.
 #[rustler::nif(schedule = "DirtyIo")]
-fn stop() -> Atom {
+fn stop(env: Env<'_>) -> Atom {
+    QUEUE.close(tell(env, exception(Error::NotStarted)));
     global::stop();
     atoms::ok()
 }

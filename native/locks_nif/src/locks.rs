@@ -9,6 +9,8 @@ use crate::atoms;
 
 pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
     let f: Atom = function.decode()?;
+    // An improper list is a bad argument: rustler's list decoding would panic.
+    args.list_length()?;
     let args: Vec<Term<'_>> = args.decode()?;
     // Arguments named by their first letter: chat, user, turn or click ref,
     // seconds of the TTL, hold (checked against the TTL).

@@ -164,36 +164,108 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
       assert_locks([chat: chat1, user: user], chat: {nil, nil}, user: {nil, nil})
     end
 
-    test "a term that is not a turn's token, a stamp or a lock call is refused before anything else" do
+    test "a term that is not a stamp or a lock call is refused before anything is sent, " <>
+           "and a call without a slot is refused" do
       chat = insert_chat!()
       user = new_user()
       args = Enum.map([chat, user], &uuid_bytes/1) ++ ["t"]
       start = System.monotonic_time(:nanosecond)
 
-      assert_raise ArgumentError, fn -> Native.run(:token, start, :held?, args) end
-      assert_raise ArgumentError, fn -> Native.admit(:now, :held?, args) end
-      # A token never handed out (they start at 1): with a bad stamp, the
-      # stamp is refused; with a good one, the turn (nothing is sent).
-      assert_raise ArgumentError, fn -> Native.run(0, :now, :held?, args) end
+      assert_raise ArgumentError, fn -> Native.admit(:now) end
 
+      # No slot taken: nothing is decoded, nothing sent.
       assert %PhoenixKitAgent.Turns.Locks.Error{reason: :pool_timeout} =
                assert_raise(PhoenixKitAgent.Turns.Locks.Error, fn ->
-                 Native.run(0, start, :held?, args)
+                 Native.run(start, :held?, args)
                end)
 
-      # Not a lock function, or not its arity: refused by admit/3 when the
-      # call must wait (other tests' calls may fill the gate), by run/4
-      # when it has a turn (given back).
-      for {function, args} <- [{:held, args}, {:held?, tl(args)}, {:held?, :args}] do
-        start = System.monotonic_time(:nanosecond)
-
+      # With a slot (given back on the way out): not a stamp, not a lock
+      # function, not its arity, not a proper list.
+      for {stamp, function, args} <- [
+            {:now, :held?, args},
+            {start, :held, args},
+            {start, :held?, tl(args)},
+            {start, :held?, :args},
+            {start, :held?, [hd(args) | :improper]},
+            {start, :held?, [hd(args), hd(tl(args)) | "t"]}
+          ] do
         assert_raise ArgumentError, fn ->
-          token = Native.admit(start, function, args)
-          Native.run(token, start, function, args)
+          :go = admit_now()
+          Native.run(stamp, function, args)
         end
       end
 
       assert native(:held?, [chat, user, "t"]) == false
+    end
+
+    test "no term given to any NIF panics" do
+      junk = [
+        nil,
+        -1,
+        2 ** 70,
+        1.5,
+        "",
+        <<0, 255>>,
+        [1 | 2],
+        [:a, [:b | :c]],
+        {:a, 1},
+        %{a: 1},
+        self(),
+        make_ref(),
+        fn -> :ok end
+      ]
+
+      for arity <- 0..4,
+          {function, ^arity} <- Native.__info__(:functions),
+          function not in [:load_nif, :start, :stop],
+          args <- junk_args(junk, arity) do
+        try do
+          # A slot a junk stamp took goes back at once.
+          with answer when answer == :go or elem(answer, 0) == :wait <-
+                 apply(Native, function, args) do
+            Native.leave()
+            receive do: ({:phoenix_kit_agent_locks, _} -> :ok), after: (0 -> :ok)
+          end
+        rescue
+          ArgumentError -> :ok
+          PhoenixKitAgent.Turns.Locks.Error -> :ok
+        catch
+          kind, reason ->
+            flunk("Native.#{function}#{inspect(args)}: #{kind} #{inspect(reason)}")
+        end
+      end
+
+      # This process holds no slot: every one the junk took went back.
+      assert_raise PhoenixKitAgent.Turns.Locks.Error, ~r/waiting for a pooled connection/, fn ->
+        Native.run(System.monotonic_time(:nanosecond), :held?, [])
+      end
+
+      assert native(:held?, [insert_chat!(), new_user(), "t"]) == false
+    end
+  end
+
+  # Every argument list of `arity` made of `junk`, each position in turn.
+  defp junk_args(_junk, 0), do: [[]]
+
+  defp junk_args(junk, arity) do
+    for position <- 0..(arity - 1), bad <- junk do
+      List.replace_at(List.duplicate(:junk, arity), position, bad)
+    end
+  end
+
+  # A slot for the caller, as Locks.call/3 takes it (nobody else waits here
+  # long: other tests' calls are quick).
+  defp admit_now do
+    case Native.admit(System.monotonic_time(:nanosecond)) do
+      :go ->
+        :go
+
+      {:wait, ms} ->
+        receive do
+          {:phoenix_kit_agent_locks, :go} -> :go
+        after
+          ms -> flunk("no slot within #{ms} ms")
+        end
     end
   end
 

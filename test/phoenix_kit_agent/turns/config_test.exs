@@ -270,11 +270,24 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
       end
     end
 
-    test "pool_size leaves two of the VM's dirty-I/O schedulers to the rest of the VM" do
+    test "pool_size leaves two of the VM's dirty-I/O schedulers to the rest of the VM, " <>
+           "whatever is set" do
       dirty_io = :erlang.system_info(:dirty_io_schedulers)
-      assert Config.default_pool_size() == max(dirty_io - 2, 1)
+      assert Config.default_pool_size() == dirty_io - 2
       assert read!(url: "postgres://u@h/db").pool_size == Config.default_pool_size()
       assert read!(url: "postgres://u@h/db", pool_size: 3).pool_size == 3
+
+      log =
+        ExUnit.CaptureLog.capture_log(fn ->
+          for size <- [dirty_io - 1, 1_000] do
+            assert read!(url: "postgres://u@h/db", pool_size: size).pool_size == dirty_io - 2
+          end
+        end)
+
+      assert log =~
+               "pool_size 1000 is more than the #{dirty_io - 2} lock calls that may run at once " <>
+                 "(the VM's #{dirty_io} dirty-I/O schedulers less two; +SDio raises them): " <>
+                 "#{dirty_io - 2} connections are used"
     end
   end
 

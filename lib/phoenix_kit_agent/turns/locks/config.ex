@@ -4,6 +4,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # that the NIF decodes as it is: every default, range and name lives here.
   # The struct keeps no URL; inspect/1 hides the password.
 
+  require Logger
+
   alias PhoenixKitAgent.Turns.Locks.Error
 
   @app :phoenix_kit_agent_locks
@@ -50,9 +52,40 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     if located?(connection), do: {:ok, build!(connection, own, repo)}, else: :unconfigured
   end
 
-  @doc "The pool size when none is set: two of the VM's dirty-I/O schedulers stay free."
+  @doc """
+  The most lock calls that may run at once, and the pool size when none is
+  set: the VM's dirty-I/O schedulers less two, so two stay free for the rest
+  of the VM whatever the database does (the README's "Limits").
+  """
   @spec default_pool_size() :: pos_integer()
-  def default_pool_size, do: max(:erlang.system_info(:dirty_io_schedulers) - 2, 1)
+  def default_pool_size do
+    case :erlang.system_info(:dirty_io_schedulers) - 2 do
+      free when free >= 1 ->
+        free
+
+      _ ->
+        invalid!(
+          "the VM has #{:erlang.system_info(:dirty_io_schedulers)} dirty-I/O schedulers; " <>
+            "lock calls need at least 3, so that two stay free: start it with +SDio 3 or more"
+        )
+    end
+  end
+
+  # A pool_size above default_pool_size/0 is cut to it: more calls at once would
+  # let a database that hangs hold the dirty-I/O schedulers the VM needs.
+  defp pool_size(size) do
+    most = default_pool_size()
+
+    if size > most do
+      Logger.warning(
+        "phoenix_kit_agent_locks: pool_size #{size} is more than the #{most} lock calls that " <>
+          "may run at once (the VM's #{most + 2} dirty-I/O schedulers less two; +SDio raises " <>
+          "them): #{most} connections are used"
+      )
+    end
+
+    min(size, most)
+  end
 
   # `top` over `base`: a host or socket directory in `top` replaces both of `base`'s.
   defp over(top, base) do
@@ -83,7 +116,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       ssl_ca_file: connection[:ssl_ca_file],
       application_name: Keyword.get(connection, :application_name, "phoenix_kit_agent_locks"),
       prefix: Keyword.get(own, :prefix, repo[:prefix]),
-      pool_size: Keyword.get(own, :pool_size, default_pool_size()),
+      pool_size: pool_size(Keyword.get(own, :pool_size, default_pool_size())),
       connect_timeout: Keyword.get(own, :connect_timeout, @default_timeout),
       checkout_timeout: Keyword.get(own, :checkout_timeout, @default_timeout),
       statement_timeout: Keyword.get(own, :statement_timeout, @default_timeout),

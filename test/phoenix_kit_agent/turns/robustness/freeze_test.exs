@@ -11,7 +11,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
   #     file as fast as ever (two dirty-I/O schedulers stay free);
   #   * the normal schedulers answer as fast as ever (the probe's p99);
   #   * every call ends within its timeout + 1 s, with its documented
-  #     reason: the 8 running ones :timeout, the 42 waiting ones :pool_timeout;
+  #     reason: the 8 running ones :timeout, the 42 waiting ones :pool_timeout,
+  #     also with a pool_size of 10 or 1000 (cut to 8: Config);
   #   * Application.stop/1 returns at once;
   #   * once the database thaws, the next call succeeds.
   use ExUnit.Case, async: true
@@ -35,11 +36,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
     %{dir: dir, url: url}
   end
 
-  setup %{dir: dir, url: url} do
+  setup %{dir: dir, url: url} = context do
     :ok = Pg.ensure_running!(dir)
     chats = TestDB.insert_chats!(@callers, url)
     name = "locks_freeze_#{System.unique_integer([:positive])}"
-    node = Node.start!(app_env: [url: url, application_name: name] ++ @timeouts)
+    size = if context[:pool_size], do: [pool_size: context[:pool_size]], else: []
+    node = Node.start!(app_env: [url: url, application_name: name] ++ size ++ @timeouts)
     assert {_pid, {:ok, _}} = Node.hello(node)
     warm!(node, url, name, hd(chats))
     on_exit(fn -> Pg.signal!(dir, "CONT") end)
@@ -81,37 +83,45 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
     result
   end
 
-  test "50 callers: file I/O and the normal schedulers stay fast, every call ends in time " <>
-         "with its reason, and the next call after the thaw succeeds",
-       %{dir: dir, url: url, node: node, chats: chats} do
-    result = freeze!(dir, node, chats, [])
+  # The default pool_size, every Phoenix repo's (10, all of the VM's dirty-I/O
+  # schedulers), and the largest accepted: at most 8 calls run at once.
+  for size <- [nil, 10, 1_000] do
+    @tag pool_size: size
+    test "50 callers, pool_size #{size || "by default"}: file I/O and the normal schedulers " <>
+           "stay fast, every call ends in time with its reason, and the next call after the " <>
+           "thaw succeeds",
+         %{dir: dir, url: url, node: node, chats: chats} do
+      result = freeze!(dir, node, chats, [])
 
-    assert result.read_ms < 50, "File.read! took #{result.read_ms} ms"
-    assert result.write_ms < 50, "File.write! took #{result.write_ms} ms"
-    assert result.probe.rtt.n > 1_000
-    assert result.probe.rtt.p99 < 1_000, "probe p99 #{result.probe.rtt.p99} µs"
+      assert result.read_ms < 50, "File.read! took #{result.read_ms} ms"
+      assert result.write_ms < 50, "File.write! took #{result.write_ms} ms"
+      assert result.probe.rtt.n > 1_000
+      assert result.probe.rtt.p99 < 1_000, "probe p99 #{result.probe.rtt.p99} µs"
 
-    reasons = Enum.frequencies_by(result.answers, fn {{:raised, %Error{reason: r}}, _ms} -> r end)
-    pool_size = Config.default_pool_size()
-    assert reasons == %{timeout: pool_size, pool_timeout: @callers - pool_size}
+      reasons =
+        Enum.frequencies_by(result.answers, fn {{:raised, %Error{reason: r}}, _ms} -> r end)
 
-    for {{:raised, %Error{reason: reason}}, ms} <- result.answers do
-      bound = if reason == :timeout, do: @call_ms, else: @checkout_ms
-      assert ms >= bound - 100 and ms <= bound + 1_000, "#{reason} after #{ms} ms"
+      pool_size = Config.default_pool_size()
+      assert reasons == %{timeout: pool_size, pool_timeout: @callers - pool_size}
+
+      for {{:raised, %Error{reason: reason}}, ms} <- result.answers do
+        bound = if reason == :timeout, do: @call_ms, else: @checkout_ms
+        assert ms >= bound - 100 and ms <= bound + 1_000, "#{reason} after #{ms} ms"
+      end
+
+      chat = hd(chats)
+
+      assert :ok =
+               Faults.until(
+                 fn -> Node.call(node, Locks, :held?, [chat, chat, "x"]) == false end,
+                 10_000
+               )
+
+      # A chat of its own: the frozen acquires the server had received ran
+      # when it thawed (see the README's "Limits").
+      [fresh] = TestDB.insert_chats!(1, url)
+      assert Node.call(node, Locks, :acquire, [fresh, TestDB.uuid(), "thawed", 60]) == :ok
     end
-
-    chat = hd(chats)
-
-    assert :ok =
-             Faults.until(
-               fn -> Node.call(node, Locks, :held?, [chat, chat, "x"]) == false end,
-               10_000
-             )
-
-    # A chat of its own: the frozen acquires the server had received ran
-    # when it thawed (see the README's "Limits").
-    [fresh] = TestDB.insert_chats!(1, url)
-    assert Node.call(node, Locks, :acquire, [fresh, TestDB.uuid(), "thawed", 60]) == :ok
   end
 
   test "Application.stop/1 returns within a second while 50 callers wait on the frozen database",

@@ -1,29 +1,35 @@
 defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
-  # The admission gate's queue, with a pool of one connection in a child
-  # node: the first call waits for a row another session holds, and the
-  # next ones queue behind it (native/locks_nif/src/call.rs). When it ends,
-  # it runs their jobs in its own turn, in order, and its caller sends their
-  # answers; if that caller was killed meanwhile, the answers are sent all
-  # the same.
+  # The queue (native/locks_core/src/queue.rs), with a pool of one
+  # connection in a child node: the first call waits for a row another
+  # session holds, and the next ones wait in line behind it. Each caller in
+  # line runs its own call when the slot is handed to it, in order; a caller
+  # that dies leaves the line, or gives back the slot it held, at once; a
+  # stop tells the line at once; and no caller is left a message.
   use ExUnit.Case, async: true
 
+  alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
   alias PhoenixKitAgent.Turns.Locks.Robust.Node
-  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.{Faults, Queue}
 
   @moduletag :robustness
 
   setup do
     chats = for _ <- 1..4, do: TestDB.uuid()
     TestDB.query!(TestDB.insert_chats_sql(chats))
-    %{chats: chats}
+    %{chats: chats, app: "queue-test-#{System.unique_integer([:positive])}"}
   end
 
-  defp node!(timeouts) do
-    node = Node.start!(app_env: [url: TestDB.url(), pool_size: 1] ++ timeouts)
+  defp node!(app, timeouts) do
+    env = [url: TestDB.url(), pool_size: 1, application_name: app] ++ timeouts
+    node = Node.start!(app_env: env)
     assert {_pid, {:ok, _}} = Node.hello(node)
     node
   end
+
+  defp status(node), do: Node.call(node, Locks, :status, []).pool
+
+  defp until!(node, key, n), do: assert(Node.call(node, Queue, :until, [key, n]) == :ok)
 
   # A session of its own holds the row of `chat` until `TestDB.query!("COMMIT", s)`.
   defp hold_row!(chat) do
@@ -39,13 +45,30 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     session
   end
 
-  test "queued calls run in the turn of the call before them, in order, each answering " <>
-         "its documented term",
-       %{chats: [x, y | _]} do
-    node = node!(checkout_timeout: 10_000)
+  # The node's connections to the database, by its application_name.
+  defp connections(app) do
+    "SELECT count(*) FROM pg_stat_activity WHERE application_name = '#{app}'"
+    |> TestDB.query!()
+    |> hd()
+    |> hd()
+    |> String.to_integer()
+  end
+
+  defp answers(node, n), do: Node.call(node, Queue, :answers, [n])
+
+  defp chat_ref(chat),
+    do:
+      TestDB.value!(
+        "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'"
+      )
+
+  test "callers in line run their own calls in order when the slot frees, each answering " <>
+         "its documented term, with nothing left in their mailboxes",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
     click = "click:" <> TestDB.uuid()
-    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :held?, [x, ua, "warm"]) == false
+    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
     blocker = hold_row!(x)
 
     calls = [
@@ -60,21 +83,13 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     ]
 
     :ok = Node.call(node, Queue, :start, [calls])
-
-    # A caller that must wait and whose arguments the NIF cannot use is
-    # refused at once, and takes no place in the queue.
-    assert {:raised, %ArgumentError{}} = Node.call(node, Queue, :admit, [:held?, [:bad]])
-    assert {:raised, %ArgumentError{}} = Node.call(node, Queue, :admit, [:nope, []])
-
-    assert %{waiting: 7, served: 0} =
-             Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
+    assert %{size: 1, running: 1, waiting: 7} = status(node)
 
     TestDB.query!("COMMIT", blocker)
-    [{first, _} | queued] = Node.call(node, Queue, :answers, [length(calls)])
+    answers = answers(node, length(calls))
 
-    assert first == {:ok, :ok}
-
-    assert Enum.map(queued, &elem(&1, 0)) == [
+    assert Enum.map(answers, &elem(&1, 0)) == [
+             {:ok, :ok},
              {:ok, :ok},
              {:ok, {:error, :conversation_busy}},
              {:ok, true},
@@ -84,17 +99,53 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
              {:ok, false}
            ]
 
-    # Seven in the first call's turn (at most 8: SERVE_AT_MOST), none waited
-    # for a turn of its own.
-    assert %{waiting: 0, served: 7} =
-             Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
+    ended = Enum.map(answers, &elem(&1, 1))
+    assert ended == Enum.sort(ended), "answered out of order: #{inspect(ended)}"
+    assert Enum.all?(answers, &(elem(&1, 2) == [])), inspect(answers)
+    assert %{running: 0, waiting: 0} = status(node)
   end
 
-  test "the answers of queued calls are not lost when the call that runs them is killed",
-       %{chats: [x, y | _]} do
-    node = node!(checkout_timeout: 1_000)
+  test "a caller killed in line leaves it at once, and the one behind it gets the slot",
+       %{chats: [x, y, z | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
-    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :held?, [x, ua, "warm"]) == false
+    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
+    blocker = hold_row!(x)
+
+    calls = [
+      {:acquire, [x, ua, "a", 60]},
+      {:acquire, [y, ub, "b", 60]},
+      {:acquire, [z, uc, "c", 60]}
+    ]
+
+    :ok = Node.call(node, Queue, :start, [calls])
+    :ok = Node.call(node, Queue, :kill, [1])
+    until!(node, :waiting, 1)
+
+    started = System.monotonic_time(:millisecond)
+    TestDB.query!("COMMIT", blocker)
+
+    assert [{{:ok, :ok}, _, []}, {:killed, _, _}, {{:ok, :ok}, _, []}] = answers(node, 3)
+    # Long before c's checkout deadline (10 s): it was not stuck behind b.
+    assert System.monotonic_time(:millisecond) - started < 5_000
+    assert chat_ref(y) == nil
+  end
+
+  test "a caller killed holding a slot it never started frees it at once", %{app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    assert {holder, :go} = Node.call(node, Queue, :hold_slot, [])
+    assert %{running: 1, waiting: 0} = status(node)
+    assert Node.call(node, Process, :exit, [holder, :kill])
+    until!(node, :running, 0)
+    assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
+  end
+
+  test "a call whose caller is killed while it runs ends, frees the slot, and the next " <>
+         "in line runs",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
+    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
     blocker = hold_row!(x)
 
     calls = [
@@ -103,60 +154,73 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
       {:acquire, [y, uc, "c", 60]}
     ]
 
-    started = System.monotonic_time(:millisecond)
     :ok = Node.call(node, Queue, :start, [calls])
     # The first call's process dies; its dirty-scheduler call runs on.
-    :ok = Node.call(node, Queue, :kill_first, [])
+    :ok = Node.call(node, Queue, :kill, [0])
     TestDB.query!("COMMIT", blocker)
-    answers = Node.call(node, Queue, :answers, [3])
-    elapsed = System.monotonic_time(:millisecond) - started
 
-    assert Enum.map(answers, &elem(&1, 0)) ==
-             [:killed, {:ok, :ok}, {:ok, {:error, :conversation_busy}}]
+    assert [{:killed, _, _}, {{:ok, :ok}, _, []}, {{:ok, {:error, :conversation_busy}}, _, []}] =
+             answers(node, 3)
 
-    # b and c ran in a's turn: served, at their checkout deadline at the latest.
-    assert %{served: 2} = Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
-    assert elapsed < 1_000 + 1_000, "#{elapsed} ms"
-    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :held?, [x, ua, "a"]) == true
+    assert Node.call(node, Locks, :held?, [x, ua, "a"]) == true
   end
 
-  test "a queued job that fails raises in its own caller; the call that ran it stops " <>
-         "serving, ends within its own deadline, and the next caller gives up at its checkout",
-       %{chats: [x, _y, z, w]} do
-    # One call: 1 s checkout + 1 s connect + 1 s statement.
-    node = node!(checkout_timeout: 1_000, connect_timeout: 1_000, statement_timeout: 1_000)
-    assert Node.call(node, PhoenixKitAgent.Turns.Locks, :held?, [x, TestDB.uuid(), "w"]) == false
-    [blocker, keeper] = [hold_row!(x), hold_row!(z)]
+  test "at its checkout deadline a caller in line raises :pool_timeout with nothing left " <>
+         "in its mailbox, and the slot still goes to the next",
+       %{chats: [x, y, z | _], app: app} do
+    node = node!(app, checkout_timeout: 1_000, connect_timeout: 5_000, statement_timeout: 5_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
+    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
+    blocker = hold_row!(x)
+
+    calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}]
+    :ok = Node.call(node, Queue, :start, [calls])
+
+    assert [{:ok, :ok}, {{:raised, %Error{reason: :pool_timeout}}, _, []}] =
+             answers_after(node, blocker, 2)
+
+    assert %{running: 0, waiting: 0} = status(node)
+    assert Node.call(node, Locks, :acquire, [z, uc, "c", 60]) == :ok
+    assert Node.call(node, Locks, :held?, [y, ub, "b"]) == false
+  end
+
+  # Commits the blocker once every caller but the first has answered.
+  defp answers_after(node, blocker, n) do
+    until!(node, :waiting, 0)
+    TestDB.query!("COMMIT", blocker)
+    [{first, _, _} | rest] = answers(node, n)
+    [first | rest]
+  end
+
+  test "Application.stop/1 tells every caller in line :not_started at once, lets the " <>
+         "running call end, then closes every connection",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
+    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
+    blocker = hold_row!(x)
 
     calls = [
       {:acquire, [x, ua, "a", 60]},
-      # Run in a's turn, on a row held until the test ends: a's deadline ends it.
-      {:acquire, [z, ub, "b", 60]},
-      # Still queued when its checkout timeout passes.
-      {:acquire, [w, uc, "c", 60]}
+      {:acquire, [y, ub, "b", 60]},
+      {:acquire, [y, uc, "c", 60]}
     ]
 
-    started = System.monotonic_time(:millisecond)
     :ok = Node.call(node, Queue, :start, [calls])
+    assert Node.call(node, Application, :stop, [:phoenix_kit_agent_locks]) == :ok
+
+    # The line is told at once, while the running call still waits for the row.
+    until!(node, :answered, 2)
     TestDB.query!("COMMIT", blocker)
-    [{a, _}, {b, _}, {c, _}] = Node.call(node, Queue, :answers, [3])
-    elapsed = System.monotonic_time(:millisecond) - started
 
-    assert a == {:ok, :ok}
-    assert {:raised, %Error{reason: :timeout}} = b
-    assert {:raised, %Error{reason: :pool_timeout}} = c
-    assert elapsed < 3_000 + 1_000, "#{elapsed} ms"
-    # b ran in a's turn; c never ran.
-    assert %{served: 1} = Node.call(node, PhoenixKitAgent.Turns.Locks, :status, []).pool
+    assert [
+             {{:ok, :ok}, _, []},
+             {{:raised, %Error{reason: :not_started}}, _, []},
+             {{:raised, %Error{reason: :not_started}}, _, []}
+           ] = answers(node, 3)
 
-    # c's job never ran, and the pool carries on. (Whether b's statement
-    # still runs once the row is free depends on when its cancel request
-    # lands: a timeout cannot recall a statement that reached the server.)
-    TestDB.query!("COMMIT", keeper)
-    locks = PhoenixKitAgent.Turns.Locks
-
-    assert Node.call(node, locks, :acquire, [w, TestDB.uuid(), "d", 60]) == :ok
-    assert Node.call(node, locks, :held?, [x, ua, "a"]) == true
+    # Its statement ran; then its connection closed, as the idle ones did.
+    assert chat_ref(x) == "a"
+    assert :ok == Faults.until(fn -> connections(app) == 0 end, 5_000), "#{connections(app)} open"
   end
 end

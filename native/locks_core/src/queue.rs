@@ -1,0 +1,179 @@
+//! The queue: at most `limit` lock calls run at once; the others wait in line.
+//!
+//! A lock call blocks a dirty-I/O scheduler for as long as its statement
+//! takes. With a database that hangs, calls let in freely would hold every
+//! such scheduler, and the VM's file I/O with them. So a call first takes a
+//! *slot*, on a normal scheduler, and enters a dirty one only with a slot in
+//! hand. There are `limit` slots, one per pooled connection.
+//!
+//! A call is at most two NIF calls, by a caller `K` (a process):
+//!
+//! 1. [`Queue::admit`]: a slot at once when one is free and nobody waits
+//!    (`true`); else a place at the end of the line (`false`), where the
+//!    caller waits on a normal scheduler, until it is handed a slot or its
+//!    checkout deadline passes.
+//! 2. With a slot: [`Queue::start`] when the dirty call begins, and
+//!    [`Queue::finish`] when it ends, whatever its outcome, which hands the
+//!    slot to the first in line. At the deadline instead: [`Queue::leave`],
+//!    out of the line, or giving back a slot handed too late.
+//!
+//! Each slot taken and not started, and each place in line, keeps a `W` of
+//! the caller's (the NIF's monitor of the process): a caller that dies there
+//! is taken out by [`Queue::leave`] at once, so no slot outlives its caller
+//! and nobody waits behind a dead one. A dirty call runs to its end even
+//! when its process is killed, so a started slot is always finished. Slots
+//! are handed with the queue locked: a caller that leaves finds the message
+//! in its mailbox, and none comes later. The queue keeps no clock: every
+//! caller in line leaves by itself at its deadline.
+
+use std::collections::VecDeque;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// What the queue holds right now.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Slots in all: the most calls that run at once.
+    pub limit: usize,
+    /// Calls running now.
+    pub running: usize,
+    /// Slots taken or handed, and not yet started.
+    pub handed: usize,
+    /// Callers in line.
+    pub waiting: usize,
+}
+
+/// The slots and the line of one VM (see the module doc).
+#[derive(Debug)]
+pub struct Queue<K, W> {
+    state: Mutex<State<K, W>>,
+}
+
+#[derive(Debug)]
+struct State<K, W> {
+    limit: usize,
+    running: usize,
+    handed: Vec<(K, W)>,
+    line: VecDeque<(K, W)>,
+}
+
+impl<K: PartialEq, W> Default for Queue<K, W> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<K: PartialEq, W> Queue<K, W> {
+    /// A queue with no slots: every caller waits until [`Queue::resize`].
+    pub const fn new() -> Self {
+        Queue {
+            state: Mutex::new(State {
+                limit: 0,
+                running: 0,
+                handed: Vec::new(),
+                line: VecDeque::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K, W>> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Sets the number of slots (a new pool's size) and hands the new ones.
+    pub fn resize(&self, limit: usize, hand: impl FnMut(&K)) {
+        let mut state = self.lock();
+        state.limit = limit;
+        state.fill(hand);
+    }
+
+    /// Takes every slot away and empties the line (the pool is closed): each
+    /// caller in line is given back to `out`, to be told. Slots already
+    /// handed stay theirs: their calls find no pool and end at once.
+    pub fn close(&self, out: impl FnMut((K, W))) {
+        let mut state = self.lock();
+        state.limit = 0;
+        state.line.drain(..).for_each(out);
+    }
+
+    /// A slot for `key` (`true`), or its place at the end of the line
+    /// (`false`). `watch` makes its `W`, kept until the slot starts or the
+    /// caller leaves.
+    pub fn admit(&self, key: K, watch: impl FnOnce() -> W) -> bool {
+        let mut state = self.lock();
+        let free = state.line.is_empty() && state.used() < state.limit;
+        let entry = (key, watch());
+        if free {
+            state.handed.push(entry);
+        } else {
+            state.line.push_back(entry);
+        }
+        free
+    }
+
+    /// The slot of `key` starts its call: its `W`, or `None` when `key`
+    /// holds no slot (it was never handed one, or gave it back).
+    pub fn start(&self, key: &K) -> Option<W> {
+        let mut state = self.lock();
+        let i = state.handed.iter().position(|(k, _)| k == key)?;
+        state.running += 1;
+        Some(state.handed.swap_remove(i).1)
+    }
+
+    /// A started call has ended: its slot goes to the first in line.
+    pub fn finish(&self, hand: impl FnMut(&K)) {
+        let mut state = self.lock();
+        state.running = state.running.saturating_sub(1);
+        state.fill(hand);
+    }
+
+    /// Takes `key` out of the line, or takes back the slot it was handed and
+    /// hands it on; its `W`, or `None` when it was in neither (its call
+    /// started, or it was told the pool closed).
+    pub fn leave(&self, key: &K, hand: impl FnMut(&K)) -> Option<W> {
+        let mut state = self.lock();
+        let left = match state.line.iter().position(|(k, _)| k == key) {
+            Some(i) => state.line.remove(i),
+            None => {
+                let i = state.handed.iter().position(|(k, _)| k == key);
+                i.map(|i| state.handed.swap_remove(i))
+            }
+        };
+        state.fill(hand);
+        left.map(|(_, w)| w)
+    }
+
+    /// Runs `f` with the queue locked, if `key` holds a slot it has not
+    /// started: for a message about that slot sent from elsewhere.
+    pub fn if_handed(&self, key: &K, f: impl FnOnce()) {
+        let state = self.lock();
+        if state.handed.iter().any(|(k, _)| k == key) {
+            f();
+        }
+    }
+
+    /// What the queue holds right now.
+    pub fn counts(&self) -> Counts {
+        let state = self.lock();
+        Counts {
+            limit: state.limit,
+            running: state.running,
+            handed: state.handed.len(),
+            waiting: state.line.len(),
+        }
+    }
+}
+
+impl<K, W> State<K, W> {
+    fn used(&self) -> usize {
+        self.running + self.handed.len()
+    }
+
+    /// Hands free slots to the first in line, telling each with `hand`.
+    fn fill(&mut self, mut hand: impl FnMut(&K)) {
+        while self.used() < self.limit {
+            let Some(entry) = self.line.pop_front() else { break };
+            hand(&entry.0);
+            self.handed.push(entry);
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! The queue (`locks_core::queue`) through its public API: the limit, first
+//! come first served, leaving, a stop. Pure data: no database, no VM. The
+//! callers are names; their `W` is the name too, and "told" records the
+//! names handed a slot, in order.
+
+use std::cell::RefCell;
+
+use locks_core::queue::{Counts, Queue};
+
+type Q = Queue<&'static str, &'static str>;
+
+#[derive(Default)]
+struct Told(RefCell<Vec<&'static str>>);
+
+impl Told {
+    fn hand(&self) -> impl FnMut(&&'static str) + '_ {
+        |who| self.0.borrow_mut().push(*who)
+    }
+
+    fn take(&self) -> Vec<&'static str> {
+        self.0.take()
+    }
+}
+
+fn queue(limit: usize) -> Q {
+    let queue = Q::new();
+    let told = Told::default();
+    queue.resize(limit, told.hand());
+    assert!(told.take().is_empty());
+    queue
+}
+
+fn admit(queue: &Q, who: &'static str) -> bool {
+    queue.admit(who, || who)
+}
+
+fn counts(limit: usize, running: usize, handed: usize, waiting: usize) -> Counts {
+    Counts { limit, running, handed, waiting }
+}
+
+#[test]
+fn a_slot_at_once_while_one_is_free_then_a_place_in_line() {
+    let queue = queue(2);
+    assert!(admit(&queue, "a"));
+    assert!(admit(&queue, "b"));
+    assert!(!admit(&queue, "c"));
+    assert_eq!(queue.counts(), counts(2, 0, 2, 1));
+    assert_eq!(queue.start(&"a"), Some("a"));
+    assert_eq!(queue.counts(), counts(2, 1, 1, 1));
+}
+
+#[test]
+fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
+    let queue = queue(1);
+    let told = Told::default();
+    assert!(admit(&queue, "a"));
+    assert_eq!(queue.start(&"a"), Some("a"));
+    assert!(!admit(&queue, "b"));
+    assert!(!admit(&queue, "c"));
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["b"]);
+    // The slot is b's until b starts it or leaves: d waits behind c.
+    assert!(!admit(&queue, "d"));
+    assert_eq!(queue.start(&"c"), None);
+    assert_eq!(queue.start(&"b"), Some("b"));
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["c"]);
+}
+
+#[test]
+fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
+    let queue = queue(1);
+    let told = Told::default();
+    assert!(admit(&queue, "a"));
+    queue.start(&"a");
+    assert!(!admit(&queue, "b"));
+    assert!(!admit(&queue, "c"));
+    assert_eq!(queue.leave(&"b", told.hand()), Some("b"));
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["c"]);
+    assert_eq!(queue.leave(&"b", told.hand()), None);
+}
+
+#[test]
+fn a_slot_given_back_unstarted_goes_to_the_next_in_line_at_once() {
+    // A caller that died holding it, or was handed it as its deadline passed.
+    let queue = queue(1);
+    let told = Told::default();
+    assert!(admit(&queue, "a"));
+    assert!(!admit(&queue, "b"));
+    assert_eq!(queue.leave(&"a", told.hand()), Some("a"));
+    assert_eq!(told.take(), ["b"]);
+    assert_eq!(queue.counts(), counts(1, 0, 1, 0));
+    assert_eq!(queue.start(&"a"), None);
+}
+
+#[test]
+fn closing_empties_the_line_and_hands_nothing_more() {
+    let queue = queue(1);
+    let told = Told::default();
+    assert!(admit(&queue, "a"));
+    queue.start(&"a");
+    assert!(!admit(&queue, "b"));
+    assert!(!admit(&queue, "c"));
+    let mut out = Vec::new();
+    queue.close(|(who, _)| out.push(who));
+    assert_eq!(out, ["b", "c"]);
+    queue.finish(told.hand());
+    assert!(told.take().is_empty());
+    assert!(!admit(&queue, "d"));
+    // A new pool's size hands the line its slots again.
+    queue.resize(1, told.hand());
+    assert_eq!(told.take(), ["d"]);
+}
+
+#[test]
+fn a_message_about_a_slot_is_sent_only_while_it_is_unstarted() {
+    let queue = queue(1);
+    let sent = RefCell::new(0);
+    assert!(admit(&queue, "a"));
+    queue.if_handed(&"a", || *sent.borrow_mut() += 1);
+    queue.start(&"a");
+    queue.if_handed(&"a", || *sent.borrow_mut() += 1);
+    assert_eq!(*sent.borrow(), 1);
+}
