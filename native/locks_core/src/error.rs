@@ -72,6 +72,12 @@ impl Error {
         Error::Config { setting: setting.into(), reason: reason.into() }
     }
 
+    /// An answer a statement should not have given: the tables are not what
+    /// the statements were built for (they changed under a running pool).
+    pub(crate) fn unexpected(reason: impl std::fmt::Display) -> Self {
+        Error::config("tables", format!("unexpected answer ({reason}); restart the application"))
+    }
+
     /// The SQLSTATE the server gave, if it gave one.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {

@@ -25,7 +25,7 @@ use once_cell::sync::Lazy;
 use tokio::runtime::Runtime;
 
 use crate::error::{Error, Result};
-use crate::pool::LockPool;
+use crate::pool::{catch_up, LockPool};
 use crate::settings::Settings;
 
 /// The shared runtime: no threads of its own but tokio's blocking pool,
@@ -52,16 +52,6 @@ pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
         catch_up().await;
         future.await
     }))
-}
-
-/// Lets the runtime poll its I/O driver and run every task that became
-/// ready: the first yield collects pending socket events (an end of file on
-/// an idle connection) and schedules their tasks, the second runs them, so
-/// a dead connection's client reports `is_closed()`. Two non-blocking
-/// `epoll_wait`s; at once when another thread drives the runtime.
-pub(crate) async fn catch_up() {
-    tokio::task::yield_now().await;
-    tokio::task::yield_now().await;
 }
 
 /// Builds a pool from `settings` and installs it, closing the one before.

@@ -1,18 +1,15 @@
 //! One lock call as data: the arguments it was called with ([`Job`]) and
 //! what the pool answered ([`Answer`]).
 //!
-//! A job owns its arguments, so that a call that waits for its turn can be
-//! handed, whole, to the call that frees the turn and run there (see
-//! `admission.rs`). [`LockPool::run`](crate::LockPool::run) sends any job
-//! as its one statement; [`Job::answer`] reads the rows it returned.
+//! [`LockPool::run`](crate::LockPool::run) sends any job as its one
+//! statement; [`Job::answer`] reads the rows it returned.
 
-use tokio_postgres::types::ToSql;
+use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::Row;
 
 use crate::outcome::{Acquire, AcquireUser, HeldLock};
-use crate::pool::{get, only};
 use crate::sql::{self, Def};
-use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
+use crate::{ClickRef, Error, Hold, Result, Ttl, TurnRef, Uuid};
 
 /// A lock call and its arguments: one variant per function of the Elixir
 /// API, named after it, run as its statement in `sql.rs`.
@@ -127,4 +124,17 @@ impl Job {
             Job::Release { .. } | Job::ReleaseUser { .. } => Answer::Done,
         })
     }
+}
+
+/// The only row of a statement that returns exactly one.
+fn only(rows: &[Row]) -> Result<&Row> {
+    match rows {
+        [row] => Ok(row),
+        _ => Err(Error::unexpected(format!("{} rows where one was expected", rows.len()))),
+    }
+}
+
+/// Column `i` of `row`.
+pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
+    row.try_get(i).map_err(Error::unexpected)
 }

@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use once_cell::sync::OnceCell;
-use tokio_postgres::types::{FromSql, ToSql};
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Row;
 
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
-use crate::job::{Answer, Job};
+use crate::job::{get, Answer, Job};
 
 use crate::schema::{self, Column, Tables};
 use crate::settings::{Prepare, Settings};
@@ -109,7 +109,7 @@ impl LockPool {
             let conn = held.insert(self.checkout().await?);
             let statements = self.statements(conn).await?;
             // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
-            let statement = statements.get(def).ok_or_else(|| unexpected(def.name.into()))?;
+            let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
             loop {
                 match run(conn, self.settings.prepare, statement, params).await {
                     Err(err) if err.is_retryable() => continue,
@@ -160,7 +160,7 @@ impl LockPool {
         let _ = self.pool.retain(|idle, _| idle.answered > sent);
         // Let the runtime drop the aborted connection tasks now, which
         // resets their sockets, rather than at the next call.
-        crate::global::catch_up().await;
+        catch_up().await;
     }
 
     /// The statements, built on the first call from the tables' columns.
@@ -200,7 +200,7 @@ impl LockPool {
             // The pool closed while this call ran: its connection was dropped
             // on the way back; let the runtime end its task, which closes the
             // socket now rather than at some later call.
-            crate::global::catch_up().await;
+            catch_up().await;
         }
         job.answer(&rows?)
     }
@@ -220,6 +220,16 @@ impl LockPool {
         .await;
         answer.unwrap_or(Err(Error::Timeout(deadline.budget)))
     }
+}
+
+/// Lets the runtime poll its I/O driver and run every task that became
+/// ready: the first yield collects pending socket events (an end of file on
+/// an idle connection) and schedules their tasks, the second runs them, so
+/// a dead connection's client reports `is_closed()`. Two non-blocking
+/// `epoll_wait`s; at once when another thread drives the runtime.
+pub(crate) async fn catch_up() {
+    tokio::task::yield_now().await;
+    tokio::task::yield_now().await;
 }
 
 /// Sends `statement` on `conn`: by name (prepared on the connection the first
@@ -258,23 +268,4 @@ async fn run(
         conn.answered = Instant::now();
     }
     rows
-}
-
-/// The only row of a statement that returns exactly one.
-pub(crate) fn only(rows: &[Row]) -> Result<&Row> {
-    match rows {
-        [row] => Ok(row),
-        _ => Err(unexpected(format!("{} rows where one was expected", rows.len()))),
-    }
-}
-
-/// Column `i` of `row`.
-pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
-    row.try_get(i).map_err(|e| unexpected(e.to_string()))
-}
-
-/// An answer the statement should not have given: the tables are not what
-/// the statements were built for (they changed under a running pool).
-fn unexpected(reason: String) -> Error {
-    Error::config("tables", format!("unexpected answer ({reason}); restart the application"))
 }

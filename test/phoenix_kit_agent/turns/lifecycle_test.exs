@@ -9,7 +9,7 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
   import ExUnit.CaptureLog
 
   alias PhoenixKitAgent.Turns.Locks
-  alias PhoenixKitAgent.Turns.Locks.{AppEnv, Error, FakeRepo, Native, TestDB}
+  alias PhoenixKitAgent.Turns.Locks.{AppEnv, Error, FakeRepo, Native, Robust, TestDB}
 
   @app :phoenix_kit_agent_locks
 
@@ -92,6 +92,25 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
         assert inspect(reason) =~ message
         refute inspect(reason) =~ "St4rt-s3cr3t"
         refute log =~ "St4rt-s3cr3t"
+      end
+    end
+  end
+
+  describe "with nothing configured" do
+    test "every call raises :not_started, whatever module was loaded first" do
+      # A VM of its own that loads modules on first use: Native is not
+      # loaded until a call asks for it.
+      node = Robust.Node.start!(env: [{"DATABASE_URL", nil}])
+      assert {_pid, {:ok, _}} = Robust.Node.hello(node)
+      refute Robust.Node.call(node, :code, :is_loaded, [Native])
+
+      for {function, args} <- [
+            acquire: [TestDB.uuid(), TestDB.uuid(), "t", 60],
+            fresh?: [TestDB.uuid(), "t", 60],
+            release_user: [TestDB.uuid(), "click:x"]
+          ] do
+        assert {:raised, %Error{reason: :not_started}} =
+                 Robust.Node.call(node, Robust.Race, :attempt, [function, args])
       end
     end
   end
