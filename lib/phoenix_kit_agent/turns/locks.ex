@@ -43,6 +43,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @type acquire_error :: :conversation_busy | user_busy()
 
   @max_ttl_s 315_360_000
+  # A varchar busy_turn_ref must hold this many characters (native schema.rs, MAX_REF_CHARS).
   @max_ref_bytes 255
 
   @doc """
