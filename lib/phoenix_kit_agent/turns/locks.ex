@@ -43,6 +43,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @type acquire_error :: :conversation_busy | user_busy()
 
   @max_ttl_s 315_360_000
+  # A varchar busy_turn_ref must hold this many characters (native schema.rs, MAX_REF_CHARS).
   @max_ref_bytes 255
 
   @doc """
@@ -60,7 +61,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
   def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s),
-    do: run(:acquire, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
+    do:
+      run(
+        :acquire,
+        stamp(),
+        binding(),
+        turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
+      )
 
   @doc """
   Takes the user's lock alone for `ref`, a click on a confirmation card;
@@ -79,7 +86,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
   def acquire_user(user_uuid, ref, ttl_s, hold_s),
-    do: run(:acquire_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
+    do: run(:acquire_user, stamp(), binding(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   A new ref for a click on a confirmation card: `"click:"` and 32 random hex
@@ -99,7 +106,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s),
-    do: run(:fresh?, stamp(), [chat!(conversation_uuid), turn_ref!(turn_ref), ttl!(ttl_s)])
+    do:
+      run(:fresh?, stamp(), binding(), [
+        chat!(conversation_uuid),
+        turn_ref!(turn_ref),
+        ttl!(ttl_s)
+      ])
 
   @doc """
   Whether `turn_ref` holds both locks. A turn asks before each round and
@@ -107,7 +119,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
   def held?(conversation_uuid, user_uuid, turn_ref),
-    do: run(:held?, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
+    do: run(:held?, stamp(), binding(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
@@ -116,7 +128,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s),
-    do: run(:keep_user, stamp(), click!(user_uuid, ref, ttl_s, hold_s))
+    do: run(:keep_user, stamp(), binding(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   Releases whichever of the two locks `turn_ref` still holds; a lock that
@@ -124,7 +136,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
   def release(conversation_uuid, user_uuid, turn_ref),
-    do: run(:release, stamp(), turn!(conversation_uuid, user_uuid, turn_ref))
+    do: run(:release, stamp(), binding(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Releases the locks of a turn lost with its node: only while the chat's lock
@@ -136,13 +148,18 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    run(:release_stale, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
+    run(
+      :release_stale,
+      stamp(),
+      binding(),
+      turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
+    )
   end
 
   @doc "Releases the user's lock if the click `ref` still holds it. Always `:ok`."
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref),
-    do: run(:release_user, stamp(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
+    do: run(:release_user, stamp(), binding(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
 
   @doc """
   Renews a turn's lease: dates both of `turn_ref`'s locks as if taken now,
@@ -155,7 +172,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def keep(conversation_uuid, user_uuid, turn_ref, ttl_s),
-    do: run(:keep, stamp(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
+    do:
+      run(
+        :keep,
+        stamp(),
+        binding(),
+        turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
+      )
 
   @doc """
   Runs `fun` as a turn: takes both locks under a new turn ref with a lease
@@ -215,17 +238,20 @@ defmodule PhoenixKitAgent.Turns.Locks do
           }
         ]
   def held_locks(ttl_s) do
-    for {kind, uuid, ref, since, age, stale} <- run(:held_locks, stamp(), [ttl!(ttl_s)]) do
-      since = since && DateTime.from_unix!(since, :microsecond)
-      %{kind: kind, uuid: uuid, ref: ref, since: since, age_s: age, stale: stale}
-    end
+    run(:held_locks, stamp(), binding(), [ttl!(ttl_s)], fn held ->
+      for {kind, uuid, ref, since, age, stale} <- held do
+        since = since && DateTime.from_unix!(since, :microsecond)
+        %{kind: kind, uuid: uuid, ref: ref, since: since, age_s: age, stale: stale}
+      end
+    end)
   end
 
   @doc """
   What the library is doing: `:pool` (`:size`, the calls that may run at
   once; `:running`; `:waiting` in line for a slot; the pool's
-  `:connections` and those `:idle`), `:calls` (by function, the count of each outcome: `:ok`,
-  each refusal reason, each error reason) and `:latency` (by function:
+  `:connections` and those `:idle`), `:calls` (by function, the count of
+  each outcome: `:ok`, `true` and `false` apart, each refusal reason, each
+  error reason) and `:latency` (by function:
   `:calls`, `:p50_us`, `:p99_us`, `:max_us`, the upper bounds of
   power-of-two buckets), since the VM started. Raises `:not_started`
   without a pool.
@@ -240,15 +266,22 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # native side reads the same clock.
   defp stamp, do: System.monotonic_time(:nanosecond)
 
-  defp run(function, start, args) do
-    Observe.start(function, start)
-    result = call(function, start, args)
-    Observe.stop(function, start, result)
-    result
-  rescue
-    error ->
-      Observe.exception(function, start, error, __STACKTRACE__)
-      reraise error, __STACKTRACE__
+  # One call, a span of events (Observe) whose metadata is the function and
+  # its arguments as the caller passed them (the public function's
+  # `binding()`, taken before it binds anything else; `args` are the NIF's);
+  # `answer` makes the function's return of the NIF's answer.
+  defp run(function, start, arguments, args, answer \\ & &1) do
+    span = Observe.start(function, start, Map.new([{:function, function} | arguments]))
+
+    try do
+      result = answer.(call(function, start, args))
+      Observe.stop(span, result)
+      result
+    catch
+      kind, reason ->
+        Observe.exception(span, kind, reason, __STACKTRACE__)
+        :erlang.raise(kind, reason, __STACKTRACE__)
+    end
   end
 
   @doc false

@@ -60,7 +60,7 @@ pub enum Error {
     /// PostgreSQL refused the statement, which changed nothing.
     #[error("statement failed: {sqlstate}: {message}")]
     Statement {
-        /// The five-character SQLSTATE, e.g. `42P01` for a missing table.
+        /// The five-character SQLSTATE, e.g. `42501` for a role that may not write a table.
         sqlstate: String,
         /// PostgreSQL's message.
         message: String,

@@ -10,9 +10,9 @@ use tokio_postgres::Row;
 
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
-use crate::job::{get, Answer, Job};
+use crate::job::{Answer, Job};
 
-use crate::schema::{self, Column, Tables};
+use crate::schema::{self, Catalog, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Def, Statement, Statements};
 
@@ -163,7 +163,9 @@ impl LockPool {
         catch_up().await;
     }
 
-    /// The statements, built on the first call from the tables' columns.
+    /// The statements, built on the first call from what the catalog says
+    /// of the tables (checked by `schema.rs`: until they pass, every call
+    /// reads it again).
     async fn statements(&self, conn: &mut Conn) -> Result<Arc<Statements>> {
         if let Some(statements) = self.statements.get() {
             return Ok(statements.clone());
@@ -175,20 +177,9 @@ impl LockPool {
             text: sql::COLUMNS.text.to_owned(),
             params: sql::COLUMNS.params,
         };
-        let columns = run(conn, self.settings.prepare, &columns, &[&chats, &users])
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(Column {
-                    chats: get(row, 0)?,
-                    name: get(row, 1)?,
-                    type_name: get(row, 2)?,
-                    not_null: get(row, 3)?,
-                    has_default: get(row, 4)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let statements = Arc::new(Statements::new(&Tables::from_columns(prefix, &columns)?));
+        let rows = run(conn, self.settings.prepare, &columns, &[&chats, &users]).await?;
+        let catalog = Catalog::from_rows(&rows)?;
+        let statements = Arc::new(Statements::new(&Tables::from_catalog(prefix, &catalog)?));
         Ok(self.statements.get_or_init(|| statements).clone())
     }
 

@@ -10,12 +10,18 @@
 //! A host's tables are not always the ones shipped here: an Ecto migration
 //! makes `inserted_at`/`updated_at` `NOT NULL` without a database default,
 //! may give the settings table a `uuid` key without one, and `busy_since`
-//! may be `timestamp without time zone`. `Tables::from_columns` reads the
+//! may be `timestamp without time zone`. `Tables::from_catalog` reads the
 //! catalog's answer (the `COLUMNS` statement of `sql.rs`, run once per pool)
 //! and decides how the statements write their times and what a new settings
-//! row needs besides its lock.
+//! row needs besides its lock. It also refuses, as a `:config` error naming
+//! the table, the column and the fix, what the statements would trip on
+//! with a raw PostgreSQL error: a missing table, a key that is not a unique
+//! `uuid`, a lock column of the wrong type, too short or `NOT NULL`.
+
+use tokio_postgres::Row;
 
 use crate::error::{Error, Result};
+use crate::job::get;
 
 /// The chat table's name.
 pub const CHATS: &str = "phoenix_kit_agent_conversations";
@@ -86,6 +92,23 @@ pub fn lock_columns(prefix: Option<&str>) -> String {
     LOCK_COLUMNS.replace("{chats}", &chats).replace("{users}", &users)
 }
 
+/// The longest ref a call takes, in bytes (`@max_ref_bytes` of the Elixir
+/// API). A `varchar(n)` `busy_turn_ref` must hold it: `n` counts characters
+/// and such a ref has at most 255 of them, so `varchar(255)` (what Ecto's
+/// `:string` makes) is the shortest that does. A shorter one would hold the
+/// refs the library makes (37 bytes for `with_turn/4`, 38 for a click) and
+/// fail a host's longer turn ref at the statement, with 22001.
+pub const MAX_REF_CHARS: i32 = 255;
+
+/// What the catalog says of the two tables: whether each exists, and the
+/// columns of those that do (the `COLUMNS` statement of `sql.rs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Catalog {
+    pub chats_found: bool,
+    pub users_found: bool,
+    pub columns: Vec<Column>,
+}
+
 /// One column of either table, as the catalog describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Column {
@@ -94,9 +117,52 @@ pub(crate) struct Column {
     pub name: String,
     /// `pg_type.typname`: `timestamptz`, `timestamp`, `uuid`, `text`, …
     pub type_name: String,
+    /// The type as SQL writes it (`format_type`): `character varying(10)`, `integer`, …
+    pub sql_type: String,
+    /// The `n` of a `varchar(n)` or `char(n)`; `None` for any other type.
+    pub max_chars: Option<i32>,
     pub not_null: bool,
     /// A default, an identity or a generated column: the database fills it.
     pub has_default: bool,
+    /// A valid unique index (or constraint) has this column as its only
+    /// key, with no predicate: no two rows have the same value.
+    pub unique: bool,
+    /// The name of one of those that is deferrable: `ON CONFLICT (column)`
+    /// fails while there is one.
+    pub deferrable: Option<String>,
+}
+
+impl Catalog {
+    /// The rows of the `COLUMNS` statement: one per column of a table that
+    /// exists, one with `found` false (and NULLs) for a table that does not.
+    pub fn from_rows(rows: &[Row]) -> Result<Self> {
+        let mut catalog = Catalog { chats_found: false, users_found: false, columns: Vec::new() };
+        for row in rows {
+            let (chats, found): (bool, bool) = (get(row, 0)?, get(row, 1)?);
+            if !found {
+                continue;
+            }
+            if chats {
+                catalog.chats_found = true;
+            } else {
+                catalog.users_found = true;
+            }
+            // A table without a single column comes as one row of NULLs.
+            let Some(name) = get::<Option<String>>(row, 2)? else { continue };
+            catalog.columns.push(Column {
+                chats,
+                name,
+                type_name: get(row, 3)?,
+                sql_type: get(row, 4)?,
+                max_chars: get(row, 5)?,
+                not_null: get(row, 6)?,
+                has_default: get(row, 7)?,
+                unique: get(row, 8)?,
+                deferrable: get(row, 9)?,
+            });
+        }
+        Ok(catalog)
+    }
 }
 
 /// What the statements need to know of the two tables.
@@ -137,61 +203,150 @@ fn fill_for(type_name: &str) -> Option<&'static str> {
     })
 }
 
+/// One of the two tables, as the checks of [`Tables::from_catalog`] see it.
+struct Table<'a> {
+    /// The name as the statements (and so every message) write it.
+    name: &'a str,
+    /// Its key column: `uuid` for the chat table, `user_uuid` for the other.
+    key: &'static str,
+    columns: Vec<&'a Column>,
+}
+
+impl<'a> Table<'a> {
+    fn error(&self, reason: String) -> Error {
+        Error::config(self.name.to_owned(), reason)
+    }
+
+    fn column(&self, name: &str) -> Result<&'a Column> {
+        self.columns.iter().copied().find(|c| c.name == name).ok_or_else(|| {
+            self.error(format!(
+                "has no column {name}: add the lock columns \
+                 (mix locks.setup --lock-columns, or Schema.statements(:lock_columns, …) in a migration)"
+            ))
+        })
+    }
+
+    /// The key: a `uuid`, one row per value. The user table's key is also
+    /// the arbiter of the upserts (`ON CONFLICT (user_uuid)`), which fail
+    /// with a deferrable unique index on it.
+    fn check_key(&self, arbiter: bool) -> Result<()> {
+        let (key, table) = (self.key, self.name);
+        let column = self.column(key)?;
+        if column.type_name != "uuid" {
+            return Err(self.error(format!(
+                "{key} is of type {}: it must be uuid \
+                 (ALTER TABLE {table} ALTER COLUMN {key} TYPE uuid USING {key}::uuid)",
+                column.sql_type
+            )));
+        }
+        match (&column.deferrable, column.unique) {
+            (_, false) if arbiter => Err(self.error(format!(
+                "no unique index on {key} alone (not partial), which the upserts of \
+                 acquire/4 and acquire_user/4 need (ON CONFLICT ({key})): add one \
+                 (mix locks.setup --lock-columns, or CREATE UNIQUE INDEX ON {table} ({key}))"
+            ))),
+            (_, false) => Err(self.error(format!(
+                "no unique index on {key} alone (not partial): a chat must be one row \
+                 (ALTER TABLE {table} ADD PRIMARY KEY ({key}))"
+            ))),
+            (Some(name), true) if arbiter => Err(self.error(format!(
+                "the unique constraint {name} on {key} is deferrable, and the upserts of \
+                 acquire/4 and acquire_user/4 (ON CONFLICT ({key})) fail with one: replace it \
+                 by a unique index (mix locks.setup --lock-columns, then ALTER TABLE {table} \
+                 DROP CONSTRAINT {name})",
+                name = quote_ident(name)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    /// The lock columns: both nullable (a free lock is NULL), `busy_since`
+    /// a timestamp, `busy_turn_ref` text that holds every ref; the
+    /// database's time as `busy_since` holds it.
+    fn check_lock(&self) -> Result<&'static str> {
+        let table = self.name;
+        let since = self.column("busy_since")?;
+        let holder = self.column("busy_turn_ref")?;
+        let now = now_for(&since.type_name).ok_or_else(|| {
+            self.error(format!(
+                "busy_since is of type {}: it must be timestamptz or timestamp",
+                since.sql_type
+            ))
+        })?;
+        let holds_every_ref = match holder.type_name.as_str() {
+            "text" => true,
+            "varchar" => holder.max_chars.is_none_or(|n| n >= MAX_REF_CHARS),
+            _ => {
+                return Err(self.error(format!(
+                    "busy_turn_ref is of type {}: it must be text \
+                     (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)",
+                    holder.sql_type
+                )))
+            }
+        };
+        if !holds_every_ref {
+            return Err(self.error(format!(
+                "busy_turn_ref is of type {}, too short for a ref (up to {MAX_REF_CHARS} bytes): \
+                 it must be text or varchar({MAX_REF_CHARS}) or longer \
+                 (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)",
+                holder.sql_type
+            )));
+        }
+        for column in [since, holder] {
+            if column.not_null {
+                return Err(self.error(format!(
+                    "{name} is NOT NULL, and a free lock is NULL \
+                     (ALTER TABLE {table} ALTER COLUMN {name} DROP NOT NULL)",
+                    name = column.name
+                )));
+            }
+        }
+        Ok(now)
+    }
+}
+
 impl Tables {
-    /// Checks the columns of both tables (for the tables named under
-    /// `prefix`) and decides what the statements write.
-    pub fn from_columns(prefix: Option<&str>, columns: &[Column]) -> Result<Self> {
+    /// Checks both tables (those named under `prefix`) as the catalog
+    /// describes them, and decides what the statements write. Each mistake
+    /// the statements would trip on is a [`Error::Config`] naming the table,
+    /// the column and the fix.
+    pub fn from_catalog(prefix: Option<&str>, catalog: &Catalog) -> Result<Self> {
         let (chats, users) = table_names(prefix);
-        let find = |in_chats: bool, table: &str, name: &str| {
-            columns
-                .iter()
-                .find(|c| c.chats == in_chats && c.name == name)
-                .ok_or_else(|| {
-                    Error::config(
-                        table.to_owned(),
-                        format!(
-                            "has no column {name}: add the lock columns \
-                             (mix locks.setup --lock-columns, or Schema.statements(:lock_columns, …) in a migration)"
-                        ),
-                    )
-                })
+        for (found, table) in [(catalog.chats_found, &chats), (catalog.users_found, &users)] {
+            if !found {
+                return Err(Error::config(
+                    table.clone(),
+                    "no such table: create the tables (mix locks.setup, \
+                     or Schema.statements(:tables, …) in a migration)",
+                ));
+            }
+        }
+        let table = |in_chats: bool, name, key| Table {
+            name,
+            key,
+            columns: catalog.columns.iter().filter(|c| c.chats == in_chats).collect(),
         };
-        let now = |in_chats: bool, table: &str| -> Result<&'static str> {
-            let column = find(in_chats, table, "busy_since")?;
-            find(in_chats, table, "busy_turn_ref")?;
-            now_for(&column.type_name).ok_or_else(|| {
-                Error::config(
-                    table.to_owned(),
-                    format!(
-                        "busy_since is of type {}: it must be timestamptz or timestamp",
-                        column.type_name
-                    ),
-                )
-            })
-        };
-        let chat_now = now(true, CHATS)?;
-        find(true, CHATS, "uuid")?;
-        let user_now = now(false, USERS)?;
-        find(false, USERS, "user_uuid")?;
+        let (chat_table, user_table) =
+            (table(true, &chats, "uuid"), table(false, &users, "user_uuid"));
+        chat_table.check_key(false)?;
+        let chat_now = chat_table.check_lock()?;
+        user_table.check_key(true)?;
+        let user_now = user_table.check_lock()?;
 
         let mut user_fills = Vec::new();
-        for column in columns.iter().filter(|c| {
-            !c.chats
-                && c.not_null
+        for column in user_table.columns.iter().filter(|c| {
+            c.not_null
                 && !c.has_default
                 && !["user_uuid", "busy_since", "busy_turn_ref"].contains(&c.name.as_str())
         }) {
             let fill = fill_for(&column.type_name).ok_or_else(|| {
-                Error::config(
-                    USERS,
-                    format!(
-                        "column {name} is NOT NULL without a default, and a new settings row \
-                         cannot fill a {ty}: give it a default \
-                         (ALTER TABLE {users} ALTER COLUMN {name} SET DEFAULT …)",
-                        name = quote_ident(&column.name),
-                        ty = column.type_name,
-                    ),
-                )
+                user_table.error(format!(
+                    "column {name} is NOT NULL without a default, and a new settings row \
+                     cannot fill a {ty}: give it a default \
+                     (ALTER TABLE {users} ALTER COLUMN {name} SET DEFAULT …)",
+                    name = quote_ident(&column.name),
+                    ty = column.sql_type,
+                ))
             })?;
             user_fills.push((quote_ident(&column.name), fill));
         }
@@ -203,28 +358,52 @@ impl Tables {
 pub(crate) mod tests {
     use super::*;
 
-    fn column(
-        chats: bool,
-        name: &str,
-        type_name: &str,
-        not_null: bool,
-        has_default: bool,
-    ) -> Column {
-        Column { chats, name: name.into(), type_name: type_name.into(), not_null, has_default }
+    fn column(chats: bool, name: &str, type_name: &str, not_null: bool, key: bool) -> Column {
+        Column {
+            chats,
+            name: name.into(),
+            type_name: type_name.into(),
+            sql_type: type_name.into(),
+            max_chars: None,
+            not_null,
+            has_default: name.ends_with("_at"),
+            unique: key,
+            deferrable: None,
+        }
     }
 
     /// The shipped tables, as the catalog describes them.
-    pub(crate) fn shipped() -> Vec<Column> {
-        vec![
-            column(true, "uuid", "uuid", true, false),
-            column(true, "busy_since", "timestamptz", false, false),
-            column(true, "busy_turn_ref", "text", false, false),
-            column(false, "user_uuid", "uuid", true, false),
-            column(false, "busy_since", "timestamptz", false, false),
-            column(false, "busy_turn_ref", "text", false, false),
-            column(false, "inserted_at", "timestamptz", true, true),
-            column(false, "updated_at", "timestamptz", true, true),
-        ]
+    pub(crate) fn shipped() -> Catalog {
+        Catalog {
+            chats_found: true,
+            users_found: true,
+            columns: vec![
+                column(true, "uuid", "uuid", true, true),
+                column(true, "busy_since", "timestamptz", false, false),
+                column(true, "busy_turn_ref", "text", false, false),
+                column(false, "user_uuid", "uuid", true, true),
+                column(false, "busy_since", "timestamptz", false, false),
+                column(false, "busy_turn_ref", "text", false, false),
+                column(false, "inserted_at", "timestamptz", true, false),
+                column(false, "updated_at", "timestamptz", true, false),
+            ],
+        }
+    }
+
+    /// The message of the error the shipped tables give once `change` made
+    /// one mistake in them, or `None` when they pass.
+    fn mistake(prefix: Option<&str>, change: impl FnOnce(&mut Catalog)) -> Option<String> {
+        let mut catalog = shipped();
+        change(&mut catalog);
+        Tables::from_catalog(prefix, &catalog).err().map(|e| e.to_string())
+    }
+
+    fn of<'a>(catalog: &'a mut Catalog, chats: bool, name: &str) -> &'a mut Column {
+        catalog
+            .columns
+            .iter_mut()
+            .find(|c| c.chats == chats && c.name == name)
+            .expect("a shipped column")
     }
 
     #[test]
@@ -237,10 +416,13 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_shipped_tables_pass() {
+        assert_eq!(mistake(None, |_| ()), None);
+    }
+
+    #[test]
     fn missing_lock_columns_and_odd_types_are_named() {
-        let mut columns = shipped();
-        columns.retain(|c| !(c.chats && c.name == "busy_turn_ref"));
-        let err = Tables::from_columns(None, &columns).err().map(|e| e.to_string());
+        let err = mistake(None, |c| c.columns.retain(|c| !(c.chats && c.name == "busy_turn_ref")));
         assert!(
             err.as_deref().is_some_and(|e| e.starts_with(
                 "invalid configuration: phoenix_kit_agent_conversations: has no column busy_turn_ref"
@@ -248,9 +430,12 @@ pub(crate) mod tests {
             "{err:?}"
         );
 
-        let mut columns = shipped();
-        columns[4].type_name = "date".into();
-        let err = Tables::from_columns(None, &columns).err().map(|e| e.to_string());
+        let err = mistake(None, |c| of(c, false, "busy_since").sql_type = "date".into());
+        assert_eq!(err, None, "the decision is the typname's, the message the sql_type's");
+        let err = mistake(None, |c| {
+            let column = of(c, false, "busy_since");
+            (column.type_name, column.sql_type) = ("date".into(), "date".into());
+        });
         assert_eq!(
             err.as_deref(),
             Some(
@@ -258,5 +443,68 @@ pub(crate) mod tests {
                  date: it must be timestamptz or timestamp"
             )
         );
+    }
+
+    #[test]
+    fn a_missing_table_is_named_under_its_prefix() {
+        assert_eq!(
+            mistake(Some("p"), |c| c.users_found = false).as_deref(),
+            Some(
+                "invalid configuration: \"p\".phoenix_kit_agent_user_settings: no such table: \
+                 create the tables (mix locks.setup, or Schema.statements(:tables, …) in a migration)"
+            )
+        );
+    }
+
+    #[test]
+    fn a_busy_turn_ref_of_varchar_must_hold_every_ref() {
+        let varchar = |n: Option<i32>| {
+            mistake(None, move |c| {
+                let column = of(c, true, "busy_turn_ref");
+                column.type_name = "varchar".into();
+                column.max_chars = n;
+                column.sql_type = match n {
+                    Some(n) => format!("character varying({n})"),
+                    None => "character varying".into(),
+                };
+            })
+        };
+        assert_eq!(varchar(None), None);
+        assert_eq!(varchar(Some(MAX_REF_CHARS)), None);
+        assert_eq!(
+            varchar(Some(MAX_REF_CHARS - 1)).as_deref(),
+            Some(
+                "invalid configuration: phoenix_kit_agent_conversations: busy_turn_ref is of type \
+                 character varying(254), too short for a ref (up to 255 bytes): it must be text or \
+                 varchar(255) or longer (ALTER TABLE phoenix_kit_agent_conversations ALTER COLUMN \
+                 busy_turn_ref TYPE text)"
+            )
+        );
+    }
+
+    #[test]
+    fn the_keys_must_be_unique_and_the_user_key_not_deferrable() {
+        // A deferrable unique constraint keeps the chats one row each; ON
+        // CONFLICT, only on the user table, fails with one.
+        let deferrable = |chats, name: &str| {
+            mistake(None, |c| of(c, chats, name).deferrable = Some("d\"x".into()))
+        };
+        assert_eq!(deferrable(true, "uuid"), None);
+        assert_eq!(
+            deferrable(false, "user_uuid").as_deref(),
+            Some(
+                "invalid configuration: phoenix_kit_agent_user_settings: the unique constraint \
+                 \"d\"\"x\" on user_uuid is deferrable, and the upserts of acquire/4 and \
+                 acquire_user/4 (ON CONFLICT (user_uuid)) fail with one: replace it by a unique \
+                 index (mix locks.setup --lock-columns, then ALTER TABLE \
+                 phoenix_kit_agent_user_settings DROP CONSTRAINT \"d\"\"x\")"
+            )
+        );
+        for (chats, key) in [(true, "uuid"), (false, "user_uuid")] {
+            let err = mistake(None, |c| of(c, chats, key).unique = false);
+            let table = if chats { CHATS } else { USERS };
+            let start = format!("invalid configuration: {table}: no unique index on {key} alone");
+            assert!(err.as_deref().is_some_and(|e| e.starts_with(&start)), "{err:?}");
+        }
     }
 }

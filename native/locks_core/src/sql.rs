@@ -298,23 +298,46 @@ LIMIT 1000",
     params: &[Type::INT4],
 };
 
-/// The columns of both tables, as [`Tables::from_columns`] needs them; run
-/// once per pool, before its first lock statement.
+/// What the catalog says of both tables, as [`Catalog::from_rows`] reads
+/// it and [`Tables::from_catalog`] checks it; run once per pool, before its
+/// first lock statement.
 ///
 /// `$1` the chat table's name, `$2` the user table's, each quoted and
 /// qualified as the lock statements write them, so they resolve the same
-/// way (`search_path` and all). A table that does not exist fails the cast
-/// with 42P01, as any lock statement would.
+/// way (`search_path` and all). `to_regclass` makes a table that does not
+/// exist one row with `found` false (and NULLs), where a cast to `regclass`
+/// would fail with 42P01. One row per column otherwise: its type (the
+/// `varchar(n)`'s `n` from `atttypmod`, which is `n + 4`), whether the
+/// database fills it, whether a unique index has it as its only key with no
+/// predicate (`is_unique`; an index's `INCLUDE` columns are not keys), and
+/// the name of one of those that is deferrable (`deferrable`): `ON CONFLICT
+/// (column)` takes every such index as an arbiter and fails, at the first
+/// insert, when one is deferrable; it never takes a partial one.
+///
+/// [`Catalog::from_rows`]: crate::schema::Catalog::from_rows
 pub(crate) const COLUMNS: Def = Def {
     name: "columns",
     text: "
-SELECT a.attrelid = $1::text::regclass AS chats, a.attname::text AS name,
-       t.typname::text AS type_name, a.attnotnull AS not_null,
-       (a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '') AS has_default
-FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid
-WHERE a.attrelid IN ($1::text::regclass, $2::text::regclass)
-  AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attrelid, a.attnum",
+WITH t (chats, oid) AS (VALUES (true, to_regclass($1::text)), (false, to_regclass($2::text)))
+SELECT t.chats, t.oid IS NOT NULL AS found, a.attname::text AS name,
+       ty.typname::text AS type_name, format_type(a.atttypid, a.atttypmod) AS sql_type,
+       CASE WHEN ty.typname IN ('varchar', 'bpchar') AND a.atttypmod >= 4
+            THEN a.atttypmod - 4 END AS max_chars,
+       a.attnotnull AS not_null,
+       (a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '') AS has_default,
+       i.is_unique, i.deferrable
+FROM t
+LEFT JOIN (pg_catalog.pg_attribute a JOIN pg_catalog.pg_type ty ON ty.oid = a.atttypid)
+  ON a.attrelid = t.oid AND a.attnum > 0 AND NOT a.attisdropped
+LEFT JOIN LATERAL (
+  SELECT count(*) > 0 AS is_unique,
+         min(c.relname::text) FILTER (WHERE NOT x.indimmediate) AS deferrable
+  FROM pg_catalog.pg_index x JOIN pg_catalog.pg_class c ON c.oid = x.indexrelid
+  WHERE x.indrelid = a.attrelid AND x.indisunique AND x.indisvalid
+    AND x.indpred IS NULL AND x.indexprs IS NULL
+    AND x.indnkeyatts = 1 AND x.indkey[0] = a.attnum
+) i ON true
+ORDER BY t.chats DESC, a.attnum",
     params: &[Type::TEXT, Type::TEXT],
 };
 
@@ -385,7 +408,7 @@ mod tests {
     use crate::{ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
 
     fn statements(prefix: Option<&str>) -> Statements {
-        Statements::new(&Tables::from_columns(prefix, &shipped()).expect("shipped tables"))
+        Statements::new(&Tables::from_catalog(prefix, &shipped()).expect("shipped tables"))
     }
 
     #[test]
@@ -420,7 +443,7 @@ mod tests {
     fn a_new_settings_row_gets_the_fills_and_an_update_never_does() {
         let tables = Tables {
             user_fills: vec![("\"updated_at\"".into(), "now()")],
-            ..Tables::from_columns(None, &shipped()).expect("shipped tables")
+            ..Tables::from_catalog(None, &shipped()).expect("shipped tables")
         };
         for def in [ACQUIRE, ACQUIRE_USER] {
             let statement = def.fill(&tables);

@@ -78,6 +78,9 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       :ok = Locks.acquire(chat, user, "turn-1", @ttl)
       {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
       true = Locks.held?(chat, user, "turn-1")
+      true = Locks.keep(chat, user, "turn-1", @ttl)
+      false = Locks.keep(chat, user, "turn-2", @ttl)
+      false = Locks.keep(chat, user, "turn-3", @ttl)
       after_ = Locks.status()
 
       delta = fn function, outcome ->
@@ -85,8 +88,12 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
           (get_in(before, [:calls, function, outcome]) || 0)
       end
 
-      assert {delta.(:acquire, :ok), delta.(:acquire, :conversation_busy), delta.(:held?, :ok)} ==
+      assert {delta.(:acquire, :ok), delta.(:acquire, :conversation_busy), delta.(:held?, true)} ==
                {1, 1, 1}
+
+      # A boolean answer is counted by its value: a keep/4 that lost its lease shows.
+      assert {delta.(:keep, true), delta.(:keep, false)} == {1, 2}
+      assert get_in(after_, [:calls, :keep, :ok]) == nil
 
       assert %{calls: calls, p50_us: p50, p99_us: p99, max_us: max} = after_.latency.acquire
       assert calls == Enum.sum(Map.values(after_.calls.acquire))
@@ -109,35 +116,78 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
   end
 
   describe "telemetry" do
-    test "each call is a span: :start, then :stop naming the result", %{url: url} do
-      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
-      :ok = Locks.acquire(chat, user, "turn-1", @ttl)
-      {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
-      false = Locks.fresh?(chat, "turn-2", @ttl)
+    # The next span of `function` received: its :start and :stop (or
+    # :exception) metadata, after checking what :telemetry.span/3 would: the
+    # measurements, and one span context in both.
+    defp span!(function, ending \\ :stop) do
+      assert_received {:telemetry, [:phoenix_kit_agent_locks, ^function, :start],
+                       %{monotonic_time: t0, system_time: system}, start}
 
-      for result <- [:ok, :conversation_busy] do
-        assert_received {:telemetry, [:phoenix_kit_agent_locks, :acquire, :start],
-                         %{monotonic_time: t, system_time: _}, %{}}
+      assert_received {:telemetry, [:phoenix_kit_agent_locks, ^function, ^ending],
+                       %{duration: duration, monotonic_time: t1}, stop}
 
-        assert is_integer(t)
-
-        assert_received {:telemetry, [:phoenix_kit_agent_locks, :acquire, :stop], %{duration: d},
-                         %{result: ^result}}
-
-        assert is_integer(d) and d > 0
-      end
-
-      assert_received {:telemetry, [:phoenix_kit_agent_locks, :fresh?, :stop], _, %{result: :ok}}
+      assert is_integer(system) and duration > 0 and t1 - t0 >= duration
+      assert %{telemetry_span_context: context} = start
+      assert is_reference(context) and stop.telemetry_span_context == context
+      {Map.delete(start, :telemetry_span_context), Map.delete(stop, :telemetry_span_context)}
     end
 
-    test "a call that fails is a span ending in :exception, naming the error's reason" do
+    test "each call is a span: :start carries the function and its arguments as passed, :stop " <>
+           "the same and the exact result",
+         %{url: url} do
+      {chat, user, click} = {TestDB.insert_chat!(url), TestDB.uuid(), Locks.click_ref()}
+      # As the caller passed them: an upper-case uuid stays so.
+      chat_arg = String.upcase(chat)
+      turn = %{conversation_uuid: chat_arg, user_uuid: user, turn_ref: "turn-1"}
+      other = %{turn | user_uuid: TestDB.uuid(), turn_ref: "turn-2"}
+
+      calls = [
+        {:acquire, Map.put(turn, :ttl_s, @ttl), :ok},
+        {:acquire, Map.put(other, :ttl_s, @ttl), {:error, :conversation_busy}},
+        {:fresh?, %{conversation_uuid: chat_arg, turn_ref: "turn-2", ttl_s: @ttl}, false},
+        {:held?, turn, true},
+        {:keep, Map.put(turn, :ttl_s, @ttl), true},
+        {:keep, Map.put(other, :ttl_s, @ttl), false},
+        {:release_stale, Map.put(turn, :ttl_s, @ttl), false},
+        {:release, turn, :ok},
+        {:acquire_user, %{user_uuid: user, ref: click, ttl_s: @ttl, hold_s: 10}, :ok},
+        {:keep_user, %{user_uuid: user, ref: click, ttl_s: @ttl, hold_s: 10}, true},
+        {:release_user, %{user_uuid: user, ref: click}, :ok}
+      ]
+
+      for {function, arguments, result} <- calls do
+        args = Enum.map(arguments_of(function), &Map.fetch!(arguments, &1))
+        assert apply(Locks, function, args) == result
+        start = Map.put(arguments, :function, function)
+        assert span!(function) == {start, Map.put(start, :result, result)}
+      end
+
+      :ok = Locks.acquire(chat, user, "turn-3", @ttl)
+      [%{kind: :chat}, %{kind: :user}] = held = Locks.held_locks(@ttl)
+      _ = span!(:acquire)
+      start = %{function: :held_locks, ttl_s: @ttl}
+      assert span!(:held_locks) == {start, Map.put(start, :result, held)}
+    end
+
+    test "a call that fails is a span ending in :exception: the start metadata, and the kind, " <>
+           "the exception and its stacktrace" do
       :ok = AppEnv.stop()
-      error = assert_raise Error, fn -> Locks.held?(TestDB.uuid(), TestDB.uuid(), "t") end
+      {chat, user} = {TestDB.uuid(), TestDB.uuid()}
+      error = assert_raise Error, fn -> Locks.held?(chat, user, "t") end
+      start = %{function: :held?, conversation_uuid: chat, user_uuid: user, turn_ref: "t"}
 
-      assert_received {:telemetry, [:phoenix_kit_agent_locks, :held?, :exception], %{duration: _},
-                       %{kind: :error, reason: :not_started, error: ^error, stacktrace: [_ | _]}}
+      assert {^start, %{stacktrace: [_ | _] = stacktrace} = exception} = span!(:held?, :exception)
 
+      assert exception ==
+               Map.merge(start, %{kind: :error, reason: error, stacktrace: stacktrace})
+
+      assert %Error{reason: :not_started} = error
       {:ok, _} = Application.ensure_all_started(:phoenix_kit_agent_locks)
+    end
+
+    test "a bad argument raises before the span starts" do
+      assert_raise ArgumentError, fn -> Locks.held?("x", TestDB.uuid(), "t") end
+      refute_received {:telemetry, _, _, _}
     end
 
     test "without :telemetry, nothing is emitted and the calls answer the same", %{url: url} do
@@ -148,5 +198,20 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       assert Locks.acquire(chat, user, "turn-1", @ttl) == :ok
       refute_received {:telemetry, _, _, _}
     end
+  end
+
+  # The public function's argument names, in order: the keys of its metadata.
+  defp arguments_of(function) do
+    %{
+      acquire: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s],
+      fresh?: [:conversation_uuid, :turn_ref, :ttl_s],
+      held?: [:conversation_uuid, :user_uuid, :turn_ref],
+      keep: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s],
+      release_stale: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s],
+      release: [:conversation_uuid, :user_uuid, :turn_ref],
+      acquire_user: [:user_uuid, :ref, :ttl_s, :hold_s],
+      keep_user: [:user_uuid, :ref, :ttl_s, :hold_s],
+      release_user: [:user_uuid, :ref]
+    }[function]
   end
 end

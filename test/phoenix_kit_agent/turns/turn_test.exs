@@ -44,10 +44,11 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
 
   defp next_keep(timeout \\ 5_000) do
     receive do
-      {:telemetry, [:phoenix_kit_agent_locks, :keep, :stop], _, %{result: :ok}} ->
+      {:telemetry, [:phoenix_kit_agent_locks, :keep, :stop], _, %{result: true}} ->
         :kept
 
-      {:telemetry, [:phoenix_kit_agent_locks, :keep, :exception], _, %{reason: reason}} ->
+      {:telemetry, [:phoenix_kit_agent_locks, :keep, :exception], _,
+       %{reason: %Locks.Error{reason: reason}}} ->
         {:failed, reason}
     after
       timeout -> flunk("no keep/4 within #{timeout} ms")
@@ -112,7 +113,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     assert_receive :attached
     # The runner's first try was refused: now the holder releases.
     assert_receive {:telemetry, [:phoenix_kit_agent_locks, :acquire, :stop], _,
-                    %{result: :conversation_busy}},
+                    %{result: {:error, :conversation_busy}}},
                    5_000
 
     :ok = Locks.release(chat, holder, "holder")

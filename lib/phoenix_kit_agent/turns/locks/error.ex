@@ -15,9 +15,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
       (a server shutdown, `pg_terminate_backend`, a broken path); the
       statement **may have run**;
     * `:statement` — PostgreSQL refused the statement, which changed nothing;
-      `:sqlstate` says why (`"42P01"`: the tables are missing);
+      `:sqlstate` says why (`"42501"`: the role may not write the tables);
     * `:config` — a setting, or the tables it points at, cannot be used (the
-      message names it and the fix);
+      message names the setting, or the table and its column, and the fix);
     * `:not_started` — the application is not running, or names no database;
     * `:nif_not_loaded` — the native library did not load.
 

@@ -5,7 +5,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   @functions ~w(acquire acquire_user fresh? held? keep keep_user
                 release release_stale release_user held_locks)a
-  @outcomes ~w(ok conversation_busy turn_in_flight click_in_flight connect pool_timeout
+  @outcomes ~w(ok true false conversation_busy turn_in_flight click_in_flight connect pool_timeout
                timeout disconnected statement config not_started nif_not_loaded other)a
   # Bucket i holds the calls that took less than 2^i µs (the last: the rest).
   @buckets 27
@@ -23,25 +23,40 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
   end
 
-  def start(function, start) do
+  # A span by :telemetry.span/3's convention: the :start metadata (the
+  # function and its arguments as the caller passed them, and a
+  # :telemetry_span_context) comes again in :stop with the :result, and in
+  # :exception with the :kind, :reason and :stacktrace of what was raised.
+  def start(function, start, metadata) do
     if telemetry?() do
-      measurements = %{monotonic_time: start, system_time: System.system_time()}
-      emit([function, :start], measurements, %{})
+      metadata = Map.put(metadata, :telemetry_span_context, make_ref())
+      monotonic = System.convert_time_unit(start, :nanosecond, :native)
+      measurements = %{monotonic_time: monotonic, system_time: System.system_time()}
+      emit([function, :start], measurements, metadata)
+      {function, start, metadata}
+    else
+      {function, start, metadata}
     end
   end
 
-  def stop(function, start, result) do
-    outcome = outcome(result)
-    duration = count(function, start, outcome)
-    if telemetry?(), do: emit([function, :stop], measures(duration), %{result: outcome})
+  def stop({function, start, metadata}, result) do
+    duration = count(function, start, outcome(result))
+
+    if telemetry?(),
+      do: emit([function, :stop], measures(duration), Map.put(metadata, :result, result))
   end
 
-  def exception(function, start, error, stacktrace) do
-    reason = Map.get(error, :reason, :other)
-    duration = count(function, start, if(reason in @outcomes, do: reason, else: :other))
+  def exception({function, start, metadata}, kind, reason, stacktrace) do
+    outcome =
+      case reason do
+        %{__exception__: true, reason: outcome} when outcome in @outcomes -> outcome
+        _other -> :other
+      end
+
+    duration = count(function, start, outcome)
 
     if telemetry?() do
-      metadata = %{kind: :error, reason: reason, error: error, stacktrace: stacktrace}
+      metadata = Map.merge(metadata, %{kind: kind, reason: reason, stacktrace: stacktrace})
       emit([function, :exception], measures(duration), metadata)
     end
   end
@@ -61,7 +76,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     _, _ -> :ok
   end
 
+  # What status/0 counts an answer as: a refusal by its reason, a boolean
+  # by its value, anything else (:ok, a listing) as :ok.
   defp outcome({:error, reason}), do: reason
+  defp outcome(answer) when is_boolean(answer), do: answer
   defp outcome(_answered), do: :ok
 
   # Counts the call; its duration, in native units.
