@@ -31,7 +31,17 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
   defp until!(node, key, n), do: assert(Node.call(node, Queue, :until, [key, n]) == :ok)
 
-  # A session of its own holds the row of `chat` until `TestDB.query!("COMMIT", s)`.
+  # The first of `calls` (an acquire) waits for its chat's row, which a session
+  # of its own holds until `TestDB.query!("COMMIT", session)`; the others wait in
+  # line behind it, in order. The session.
+  defp line!(node, [{:acquire, [chat | _]} | _] = calls) do
+    # Opens the pool's connection first, so the first call does not connect.
+    assert Node.call(node, Locks, :held?, [chat, TestDB.uuid(), "warm"]) == false
+    session = hold_row!(chat)
+    :ok = Node.call(node, Queue, :start, [calls])
+    session
+  end
+
   defp hold_row!(chat) do
     session = TestDB.session!(TestDB.url())
 
@@ -68,8 +78,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
     click = "click:" <> TestDB.uuid()
-    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
-    blocker = hold_row!(x)
 
     calls = [
       {:acquire, [x, ua, "a", 60]},
@@ -82,7 +90,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
       {:held?, [y, ub, "b"]}
     ]
 
-    :ok = Node.call(node, Queue, :start, [calls])
+    blocker = line!(node, calls)
     assert %{size: 1, running: 1, waiting: 7} = status(node)
 
     TestDB.query!("COMMIT", blocker)
@@ -109,8 +117,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
        %{chats: [x, y, z | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
-    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
-    blocker = hold_row!(x)
 
     calls = [
       {:acquire, [x, ua, "a", 60]},
@@ -118,7 +124,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
       {:acquire, [z, uc, "c", 60]}
     ]
 
-    :ok = Node.call(node, Queue, :start, [calls])
+    blocker = line!(node, calls)
     :ok = Node.call(node, Queue, :kill, [1])
     until!(node, :waiting, 1)
 
@@ -145,8 +151,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
-    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
-    blocker = hold_row!(x)
 
     calls = [
       {:acquire, [x, ua, "a", 60]},
@@ -154,7 +158,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
       {:acquire, [y, uc, "c", 60]}
     ]
 
-    :ok = Node.call(node, Queue, :start, [calls])
+    blocker = line!(node, calls)
     # The first call's process dies; its dirty-scheduler call runs on.
     :ok = Node.call(node, Queue, :kill, [0])
     TestDB.query!("COMMIT", blocker)
@@ -170,11 +174,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
        %{chats: [x, y, z | _], app: app} do
     node = node!(app, checkout_timeout: 1_000, connect_timeout: 5_000, statement_timeout: 5_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
-    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
-    blocker = hold_row!(x)
 
     calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}]
-    :ok = Node.call(node, Queue, :start, [calls])
+    blocker = line!(node, calls)
 
     assert [{:ok, :ok}, {{:raised, %Error{reason: :pool_timeout}}, _, []}] =
              answers_after(node, blocker, 2)
@@ -197,8 +199,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
-    assert Node.call(node, Locks, :held?, [x, ua, "warm"]) == false
-    blocker = hold_row!(x)
 
     calls = [
       {:acquire, [x, ua, "a", 60]},
@@ -206,7 +206,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
       {:acquire, [y, uc, "c", 60]}
     ]
 
-    :ok = Node.call(node, Queue, :start, [calls])
+    blocker = line!(node, calls)
     assert Node.call(node, Application, :stop, [:phoenix_kit_agent_locks]) == :ok
 
     # The line is told at once, while the running call still waits for the row.
