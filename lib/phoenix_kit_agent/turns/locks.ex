@@ -30,8 +30,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
     * `turn_ref`: a string of 1 to 255 bytes (valid UTF-8, no NUL byte) that
       does not start with `"click:"`; `ref` (the click functions): one made by
       `click_ref/0`.
-    * `ttl_s`: whole seconds from 1 to 315_360_000 (ten years); `hold_s`:
-      whole seconds from 1 to `ttl_s`.
+    * `ttl_s`: whole seconds from 1 to 315_360_000 (ten years); `hold_s`,
+      `lease_s`: whole seconds from 1 to `ttl_s`.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
