@@ -239,7 +239,13 @@ defmodule PhoenixKitAgent.Turns.LockCase do
       acquire_user: [user_uuid: :uuid, ref: :ref, ttl_s: :ttl_s, hold_s: :hold_s],
       fresh?: [conversation_uuid: :uuid, turn_ref: :turn_ref, ttl_s: :ttl_s],
       held?: [conversation_uuid: :uuid, user_uuid: :uuid, turn_ref: :turn_ref],
-      keep: [conversation_uuid: :uuid, user_uuid: :uuid, turn_ref: :turn_ref, ttl_s: :ttl_s],
+      keep: [
+        conversation_uuid: :uuid,
+        user_uuid: :uuid,
+        turn_ref: :turn_ref,
+        ttl_s: :ttl_s,
+        lease_s: :hold_s
+      ],
       keep_user: [user_uuid: :uuid, ref: :ref, ttl_s: :ttl_s, hold_s: :hold_s],
       release: [conversation_uuid: :uuid, user_uuid: :uuid, turn_ref: :turn_ref],
       release_stale: [
@@ -365,7 +371,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
         :acquire_user -> {:nothing, [user, click, 60, 10]}
         :fresh? -> {:stale_turn, [chat, turn, 60]}
         :held? -> {:stale_turn, [chat, user, turn]}
-        :keep -> {:aging_turn, [chat, user, turn, 60]}
+        :keep -> {:aging_turn, [chat, user, turn, 60, 60]}
         :release -> {:stale_turn, [chat, user, turn]}
         :release_stale -> {:stale_turn, [chat, user, turn, 60]}
         :keep_user -> {:click, [user, click, 60, 10]}

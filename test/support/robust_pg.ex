@@ -171,6 +171,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
     :ok
   end
 
+  @doc "Stops the cluster of `dir` the way a restart does (`pg_ctl stop -m fast`), waiting for it."
+  def stop_fast!(dir) do
+    {out, status} =
+      run(as_pg([pg_ctl(), "-D", Path.join(dir, "data"), "-m", "fast", "-w", "stop"]))
+
+    if status != 0, do: raise("pg_ctl stop failed (#{status}): #{out}")
+    :ok
+  end
+
   @doc "The `pg_ctl stop -m immediate` command for `dir`, as `[executable | args]`."
   def crash_command(dir),
     do: as_pg([pg_ctl(), "-D", Path.join(dir, "data"), "-m", "immediate", "-w", "stop"])

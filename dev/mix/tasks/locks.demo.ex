@@ -13,9 +13,10 @@ defmodule Mix.Tasks.Locks.Demo do
        the dead turn sees `held?` false and its late release frees nothing;
     5. the leftovers of a lost turn are cleaned by `release_stale/4`, exactly
        once though two nodes try;
-    6. a turn run by `with_turn/4` on a 5-second lease, kept alive while it
-       runs, dies with its node (its process and its keeper are killed): the
-       chat is free again within the lease, not after a whole turn's TTL.
+    6. a turn run by `with_turn/4` on a 5-second lease under the common
+       120-second TTL, kept alive while it runs, dies with its node (its
+       processes are killed): a turn taking the chat with the standard TTL
+       gets it within the lease, not after a whole turn's TTL.
 
   Time passing is shown by backdating `busy_since` in SQL (through `psql`),
   not by waiting a TTL, but in the last part, which waits out the 5-second
@@ -210,12 +211,14 @@ defmodule Mix.Tasks.Locks.Demo do
       step.(node, "release_stale(turn-6)", result, [{:chat, chat_a}, {:user, alice}])
     end)
 
-    say.("6. turn-7 runs with with_turn/4 on a 5-second lease, kept every 5/3 s; its node dies")
+    say.(
+      "6. turn-7 runs with with_turn/4 on a 5-second lease (TTL #{@ttl}), kept every 5/3 s; its node dies"
+    )
     me = self()
 
     runner =
       spawn(fn ->
-        Locks.with_turn(chat_b, alice, [ttl_s: 5], fn turn ->
+        Locks.with_turn(chat_b, alice, [ttl_s: @ttl, lease_s: 5], fn turn ->
           send(me, {:running, turn})
           Process.sleep(:infinity)
         end)
@@ -224,7 +227,7 @@ defmodule Mix.Tasks.Locks.Demo do
     turn = receive(do: ({:running, turn} -> turn))
 
     IO.puts(
-      "#{db_now(db)}  turn-7 (alice)         runs as #{String.slice(turn.ref, 0, 12)}…  " <>
+      "#{db_now(db)}  turn-7 (alice)         runs as #{String.slice(turn.ref, 0, 12)}…, its locks dated #{@ttl} - 5 s back  " <>
         state(db, names, [{:chat, chat_b}])
     )
 
@@ -235,14 +238,16 @@ defmodule Mix.Tasks.Locks.Demo do
         state(db, names, [{:chat, chat_b}])
     )
 
-    # Nothing releases: as when the whole node goes down.
+    # Nothing releases: as when the whole node goes down (the watcher first,
+    # or it would release for the killed keeper).
+    Process.exit(turn.watcher, :kill)
     Process.exit(turn.keeper, :kill)
     Process.exit(runner, :kill)
     died = System.monotonic_time(:millisecond)
-    IO.puts("#{db_now(db)}  turn-7's node dies (its process and its keeper killed)")
+    IO.puts("#{db_now(db)}  turn-7's node dies (its caller, keeper and watcher killed)")
 
-    try_turn = fn -> Locks.acquire(chat_b, bob, "turn-8", 5) end
-    step.("turn-8 (bob)", "acquire(chat B, bob, ttl 5)", try_turn.(), [{:chat, chat_b}])
+    try_turn = fn -> Locks.acquire(chat_b, bob, "turn-8", @ttl) end
+    step.("turn-8 (bob)", "acquire(chat B, bob, ttl #{@ttl})", try_turn.(), [{:chat, chat_b}])
 
     free =
       Enum.find_value(
@@ -252,13 +257,13 @@ defmodule Mix.Tasks.Locks.Demo do
 
     waited = (System.monotonic_time(:millisecond) - died) / 1_000
 
-    step.("turn-8 (bob)", "acquire(chat B, bob, ttl 5)", free && :ok, [
+    step.("turn-8 (bob)", "acquire(chat B, bob, ttl #{@ttl})", free && :ok, [
       {:chat, chat_b},
       {:user, bob}
     ])
 
     IO.puts(
-      "#{db_now(db)}  chat B was free again #{Float.round(waited, 1)} s after turn-7's node died (lease: 5 s, last kept ≤ 5/3 s before)"
+      "#{db_now(db)}  chat B was free for a #{@ttl}-second TTL #{Float.round(waited, 1)} s after turn-7's node died (lease: 5 s, last kept ≤ 5/3 s before)"
     )
 
     Locks.release(chat_b, bob, "turn-8")

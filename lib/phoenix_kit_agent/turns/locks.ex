@@ -30,8 +30,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
     * `turn_ref`: a string of 1 to 255 bytes (valid UTF-8, no NUL byte) that
       does not start with `"click:"`; `ref` (the click functions): one made by
       `click_ref/0`.
-    * `ttl_s`: whole seconds from 1 to 315_360_000 (ten years); `hold_s`:
-      whole seconds from 1 to `ttl_s`.
+    * `ttl_s`: whole seconds from 1 to 315_360_000 (ten years); `hold_s`,
+      `lease_s`: whole seconds from 1 to `ttl_s`.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
@@ -67,6 +67,28 @@ defmodule PhoenixKitAgent.Turns.Locks do
         stamp(),
         binding(),
         turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
+      )
+
+  @doc """
+  As `acquire/4`, with a lease: both locks are dated `ttl_s - lease_s`
+  seconds in the past (as `acquire_user/4` dates a click's), so any taker
+  with the common TTL `ttl_s` takes them over `lease_s` seconds after this
+  call, or after the last `keep/5`, unless they are released. `lease_s` is
+  whole seconds from 1 to `ttl_s`; with `lease_s == ttl_s` this is
+  `acquire/4`. `with_turn/4` takes its locks with it.
+
+      :ok = Locks.acquire(chat, user, "turn-1", 600, 15)
+      # unless kept, taken over by acquire(chat, other, "turn-2", 600) 15 s from now
+  """
+  @spec acquire(String.t(), String.t(), String.t(), pos_integer(), pos_integer()) ::
+          :ok | {:error, acquire_error()}
+  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s),
+    do:
+      run(
+        :acquire,
+        stamp(),
+        binding(),
+        lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s)
       )
 
   @doc """
@@ -162,48 +184,76 @@ defmodule PhoenixKitAgent.Turns.Locks do
     do: run(:release_user, stamp(), binding(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
 
   @doc """
-  Renews a turn's lease: dates both of `turn_ref`'s locks as if taken now,
-  while it holds both and neither is older than `ttl_s` seconds. `true` when
-  it did. A lease that expired is not revived (another turn may be taking it
-  over), and a turn that lost one of its locks keeps neither: it must stop.
-  A turn on a short TTL calls this well within it (`with_turn/4` does), so
-  that its locks free themselves soon after its node dies, yet never while
-  it runs.
+  Renews a turn's lease: dates both of `turn_ref`'s locks as `acquire/5`
+  does (`ttl_s - lease_s` seconds in the past), while it holds both and
+  neither is older than `ttl_s` seconds, so a taker with the common TTL
+  `ttl_s` may take them over `lease_s` seconds after this call. `true` when
+  it did. A lease that expired is not revived (another turn may be taking
+  it over), and a turn that lost one of its locks keeps neither: it must
+  stop. `with_turn/4` calls it every `lease_s / 3`.
+
+      true = Locks.keep(chat, user, "turn-1", 600, 15)
   """
-  @spec keep(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
-  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s),
+  @spec keep(String.t(), String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
+  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s),
     do:
       run(
         :keep,
         stamp(),
         binding(),
-        turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
+        lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s)
       )
 
   @doc """
-  Runs `fun` as a turn: takes both locks under a new turn ref with a lease
-  of `ttl_s` seconds, keeps the lease alive while `fun` runs, and releases
-  both locks when `fun` returns, raises, throws or exits. Answers `{:ok,
-  result}` when the turn ended holding its locks, `{:lost, result}` when it
-  did not, and `acquire/4`'s `{:error, reason}` (without running `fun`) when
-  the locks stayed refused.
+  Runs `fun` as a turn on a short lease: takes both locks under a new turn
+  ref (`acquire/5`), keeps the lease alive while `fun` runs and releases
+  both locks when `fun` returns, raises, throws or exits. A turn learns it
+  lost its lease before another node can take it over (the assumptions are
+  in `PhoenixKitAgent.Turns.Locks.Turn`).
+
+  Answers:
+
+    * `{:ok, result}`: `fun` returned within the lease and no renewal
+      answered that the locks were lost: the turn ended holding them (no
+      round trip is made to ask);
+    * `{:lost, result}`: the turn knows it lost them: `lost?/1` is `true`
+      and `{:turn_lock_lost, ref}` was sent to the calling process, once. An
+      ending that cannot tell (its keeper ended, its last renewal is not
+      confirmed in time) answers this too;
+    * `{:error, reason}`: `acquire/4`'s refusal, without running `fun`.
+
+  It raises `PhoenixKitAgent.Turns.Locks.Error` as `acquire/4` does when the
+  locks cannot be taken, and with reason `:not_started` when the application
+  is not running or stops while the locks are being taken (whatever was
+  taken is released). It never exits because of the library's processes.
 
   `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn`. A keeper process
-  (supervised by the library) renews the lease with `keep/4` every
-  `ttl_s / 3`, retrying within the lease after an error. When the lease is
-  lost (it expired, or another turn took a lock over), `lost?/1` answers
-  `true` from then on and the calling process is sent `{:turn_lock_lost,
-  ref}` once: the turn must stop, as one whose `held?/3` answered `false`.
-  If the calling process dies, the keeper releases the locks; if the node
-  dies, they free themselves after `ttl_s`; when the application stops, its
-  keepers release theirs.
+  (supervised by the library) takes the locks for the caller, renews them
+  with `keep/5` every `lease_s / 3`, retrying within the lease after an
+  error. The turn is lost when a renewal answers `false` (another turn took
+  a lock over), when the lease's local deadline passes with no renewal
+  confirmed, or when the keeper stops before the turn ends (the application
+  stops, the keeper is killed): `lost?/1` answers `true` from then on and
+  the calling process is sent `{:turn_lock_lost, ref}` once. The turn must
+  stop, as one whose `held?/3` answered `false`. If the calling process
+  dies, even during the acquire, the keeper releases the locks; if the node
+  dies, they free themselves `lease_s` after the last renewal. A release
+  that fails is tried again within the lease, then logged.
 
-  Options: `:ttl_s` (required), the lease in whole seconds; `:wait_ms`, how
-  long to keep trying while the locks are refused, with a back-off of 50 ms
-  doubling to 1 s, each pause shortened at random by up to a quarter
-  (default `0`: one try).
+  ## Options
 
-      Locks.with_turn(chat, user, [ttl_s: 15], fn turn ->
+    * `:ttl_s` (required): the TTL every taker of these locks uses, as for
+      `acquire/4`, whole seconds (the host's turn TTL);
+    * `:lease_s`: how long the locks outlive their last renewal, whole
+      seconds from 1 to `ttl_s`. The locks are dated back by `ttl_s -
+      lease_s`, so `acquire/4`, `fresh?/3`, `release_stale/4` and
+      `held_locks/1` with `ttl_s` see them free (stale) `lease_s` after the
+      last renewal. Defaults to `ttl_s`;
+    * `:wait_ms`: how long to keep trying while the locks are refused, with
+      a back-off of 50 ms doubling to 1 s, each pause shortened at random by
+      up to a quarter. Defaults to `0`: one try.
+
+      Locks.with_turn(chat, user, [ttl_s: 600, lease_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)
       end)
       # => {:ok, [...]}
@@ -213,7 +263,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
         when result: term()
   defdelegate with_turn(conversation_uuid, user_uuid, opts, fun), to: Turn, as: :run
 
-  @doc "Whether a turn of `with_turn/4` lost its locks (read from memory: no query)."
+  @doc """
+  Whether a turn of `with_turn/4` lost its lease: its local deadline passed
+  with no renewal confirmed, a renewal answered `false`, or its keeper
+  stopped. Read from memory (no query), right in any process; `true` for
+  good once it is, and after the turn ended.
+  """
   @spec lost?(Turn.t()) :: boolean()
   defdelegate lost?(turn), to: Turn
 
@@ -321,7 +376,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   defp click!(user_uuid, ref, ttl_s, hold_s) do
     ttl_s = ttl!(ttl_s)
-    [uuid!(:user_uuid, user_uuid), click_ref!(ref), ttl_s, hold!(hold_s, ttl_s)]
+    [uuid!(:user_uuid, user_uuid), click_ref!(ref), ttl_s, hold!(:hold_s, hold_s, ttl_s)]
+  end
+
+  defp lease!(chat, user, turn_ref, ttl_s, lease_s) do
+    ttl_s = ttl!(ttl_s)
+    turn!(chat, user, turn_ref) ++ [ttl_s, hold!(:lease_s, lease_s, ttl_s)]
   end
 
   # A binary pattern, not a regex: this runs on every call. The uuid's 16 bytes
@@ -370,8 +430,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp ttl!(value) when is_integer(value) and value in 1..@max_ttl_s, do: value
   defp ttl!(value), do: bad!(:ttl_s, "a whole number of seconds from 1 to #{@max_ttl_s}", value)
 
-  defp hold!(value, ttl_s) when is_integer(value) and value in 1..ttl_s, do: value
-  defp hold!(value, _ttl_s), do: bad!(:hold_s, "a whole number of seconds from 1 to ttl_s", value)
+  defp hold!(_name, value, ttl_s) when is_integer(value) and value in 1..ttl_s, do: value
+
+  defp hold!(name, value, _ttl_s),
+    do: bad!(name, "a whole number of seconds from 1 to ttl_s", value)
 
   defp bad!(name, expected, value) do
     raise ArgumentError,

@@ -98,7 +98,8 @@ impl Ttl {
     }
 }
 
-/// How long a click's lock keeps turns out, whole seconds, at most its TTL.
+/// How long a lock keeps others out when it is not kept (a click's, or a
+/// turn's lease), whole seconds, at most its TTL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Hold(pub(crate) i32);
 
@@ -107,5 +108,10 @@ impl Hold {
     /// would date the lock into the future.
     pub fn new(seconds: i64, ttl: Ttl) -> Option<Self> {
         i32::try_from(seconds).ok().filter(|s| (1..=ttl.0).contains(s)).map(Hold)
+    }
+
+    /// The whole TTL: a lock dated now (`acquire/4`).
+    pub fn full(ttl: Ttl) -> Self {
+        Hold(ttl.0)
     }
 }

@@ -16,11 +16,11 @@ use crate::{ClickRef, Error, Hold, Result, Ttl, TurnRef, Uuid};
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[allow(missing_docs)] // the variants and fields: the Elixir functions and their arguments
 pub enum Job {
-    Acquire { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
+    Acquire { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl, hold: Hold },
     AcquireUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
     Fresh { chat: Uuid, turn: TurnRef, ttl: Ttl },
     Held { chat: Uuid, user: Uuid, turn: TurnRef },
-    Keep { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
+    Keep { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl, hold: Hold },
     KeepUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
     HeldLocks { ttl: Ttl },
     Release { chat: Uuid, user: Uuid, turn: TurnRef },
@@ -31,11 +31,11 @@ pub enum Job {
 /// What a [`Job`] answered.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Answer {
-    /// `acquire/4`.
+    /// `acquire/4`, `acquire/5`.
     Acquire(Acquire),
     /// `acquire_user/4`.
     AcquireUser(AcquireUser),
-    /// `fresh?/3`, `held?/3`, `keep/4`, `keep_user/4`, `release_stale/4`.
+    /// `fresh?/3`, `held?/3`, `keep/5`, `keep_user/4`, `release_stale/4`.
     Yes(bool),
     /// `release/3`, `release_user/2`: done, whatever was held.
     Done,
@@ -63,9 +63,11 @@ impl Job {
     /// The statement's parameters, in the order of its `$n`.
     pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
         match self {
-            Job::Acquire { chat, user, turn, ttl }
-            | Job::Keep { chat, user, turn, ttl }
-            | Job::ReleaseStale { chat, user, turn, ttl } => vec![chat, user, &turn.0, &ttl.0],
+            Job::Acquire { chat, user, turn, ttl, hold }
+            | Job::Keep { chat, user, turn, ttl, hold } => {
+                vec![chat, user, &turn.0, &ttl.0, &hold.0]
+            }
+            Job::ReleaseStale { chat, user, turn, ttl } => vec![chat, user, &turn.0, &ttl.0],
             Job::AcquireUser { user, click, ttl, hold }
             | Job::KeepUser { user, click, ttl, hold } => vec![user, &click.0, &ttl.0, &hold.0],
             Job::Held { chat, user, turn } | Job::Release { chat, user, turn } => {

@@ -52,7 +52,12 @@ pub(crate) struct Def {
 
 /// Takes the chat's and the user's lock for a turn, or neither.
 ///
-/// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` TTL in seconds.
+/// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` TTL, `$5` hold, both
+/// in seconds (`$5` at most `$4`; `acquire/4` passes the TTL as the hold).
+/// Both locks are dated `$4 - $5` seconds into the past, as a click's are
+/// (see [`ACQUIRE_USER`]): a taker judging staleness by the TTL `$4` takes
+/// them over `$5` seconds after this call (or the last [`KEEP`]), should
+/// they never be released. With `$5 = $4` they are dated now.
 ///
 /// 1. `chat` locks the chat row (`FOR UPDATE`) only if it is free for `$3`;
 ///    under READ COMMITTED the predicate is re-checked on the newest version
@@ -82,12 +87,13 @@ WITH chat AS (
 ),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-  SELECT $2::uuid, {user_now}, $3::text{fill_values} FROM chat
+  SELECT $2::uuid, {user_now} - ($4::int4 - $5::int4) * interval '1 second',
+         $3::text{fill_values} FROM chat
   ON CONFLICT (user_uuid) DO UPDATE SET
     busy_since = CASE
       WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
            OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
-      THEN {user_now} ELSE u.busy_since END,
+      THEN EXCLUDED.busy_since ELSE u.busy_since END,
     busy_turn_ref = CASE
       WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
            OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
@@ -95,13 +101,14 @@ usr AS (
   RETURNING u.busy_turn_ref AS holder
 ),
 took AS (
-  UPDATE {chats} c SET busy_since = {chat_now}, busy_turn_ref = $3::text
+  UPDATE {chats} c
+  SET busy_since = {chat_now} - ($4::int4 - $5::int4) * interval '1 second', busy_turn_ref = $3::text
   WHERE c.uuid = (SELECT uuid FROM chat)
     AND (SELECT holder FROM usr) = $3::text
   RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder",
-    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
+    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
 /// Takes the user's lock alone for a click, dated back by `ttl - hold`.
@@ -174,15 +181,21 @@ RETURNING 1",
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
-/// Re-dates both locks of a turn as if taken now: its lease, renewed.
+/// Re-dates both locks of a turn as if taken now (with [`ACQUIRE`]'s hold):
+/// its lease, renewed.
 ///
-/// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` TTL. Only while `$3`
-/// holds both and neither is older than `$4`: a lease that expired is not
-/// revived (another turn may take it over any moment), and a turn that lost
-/// one of its locks does not keep the other. `chat` then `usr` lock both rows
-/// (`FOR UPDATE`, the chat row first) with the predicate re-checked on their
-/// newest versions, and the two updates run only when both rows qualified,
-/// so both are re-dated or neither. Returns one row: whether they were.
+/// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` TTL, `$5` hold, in
+/// seconds. Both locks are dated `$4 - $5` seconds into the past, so a taker
+/// with the TTL `$4` takes them over `$5` seconds after this statement's
+/// `now()`, which is no earlier than the moment it was sent: a holder that
+/// counts its lease from that moment learns it lost it first. Only while `$3`
+/// holds both and neither is older than `$4` (exactly what "not yet
+/// takeable" means): a lease that expired is not revived (another turn may
+/// take it over any moment), and a turn that lost one of its locks does not
+/// keep the other. `chat` then `usr` lock both rows (`FOR UPDATE`, the chat
+/// row first) with the predicate re-checked on their newest versions, and
+/// the two updates run only when both rows qualified, so both are re-dated
+/// or neither. Returns one row: whether they were.
 pub(crate) const KEEP: Def = Def {
     name: "keep",
     text: "
@@ -200,17 +213,17 @@ usr AS (
   FOR UPDATE
 ),
 kept_chat AS (
-  UPDATE {chats} SET busy_since = {chat_now}
+  UPDATE {chats} SET busy_since = {chat_now} - ($4::int4 - $5::int4) * interval '1 second'
   WHERE uuid = (SELECT uuid FROM chat) AND EXISTS (SELECT 1 FROM usr)
   RETURNING 1
 ),
 kept_user AS (
-  UPDATE {users} SET busy_since = {user_now}
+  UPDATE {users} SET busy_since = {user_now} - ($4::int4 - $5::int4) * interval '1 second'
   WHERE user_uuid = (SELECT user_uuid FROM usr) AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)",
-    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
+    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
 /// Frees whichever of the two locks `$3` still holds.
@@ -462,11 +475,11 @@ mod tests {
         let ttl = Ttl::new(60).expect("a ttl");
         let hold = Hold::new(10, ttl).expect("a hold");
         let jobs = [
-            Job::Acquire { chat, user, turn: turn.clone(), ttl },
+            Job::Acquire { chat, user, turn: turn.clone(), ttl, hold },
             Job::AcquireUser { user, click: click.clone(), ttl, hold },
             Job::Fresh { chat, turn: turn.clone(), ttl },
             Job::Held { chat, user, turn: turn.clone() },
-            Job::Keep { chat, user, turn: turn.clone(), ttl },
+            Job::Keep { chat, user, turn: turn.clone(), ttl, hold },
             Job::KeepUser { user, click: click.clone(), ttl, hold },
             Job::HeldLocks { ttl },
             Job::Release { chat, user, turn: turn.clone() },

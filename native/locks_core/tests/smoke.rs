@@ -47,6 +47,7 @@ async fn every_call(prepare: Prepare) {
     insert_chat(&pool, &other_chat).await;
     let (ttl, hold) =
         (Ttl::new(60).expect("ttl"), Hold::new(10, Ttl::new(60).expect("ttl")).expect("hold"));
+    let full = Hold::full(ttl);
     let turn = TurnRef::new("smoke-turn").expect("a turn ref");
     let other = TurnRef::new("smoke-other").expect("a turn ref");
     let click = ClickRef::new("click:smoke").expect("a click ref");
@@ -60,6 +61,7 @@ async fn every_call(prepare: Prepare) {
         user,
         turn: turn.clone(),
         ttl,
+        hold: full,
     };
     let (held, fresh) = (
         Job::Held { chat, user, turn: turn.clone() },
@@ -81,7 +83,7 @@ async fn every_call(prepare: Prepare) {
     );
     assert_eq!(run(held.clone()).await, Some(Answer::Yes(true)));
     assert_eq!(run(fresh).await, Some(Answer::Yes(true)));
-    let keep = Job::Keep { chat, user, turn: turn.clone(), ttl };
+    let keep = Job::Keep { chat, user, turn: turn.clone(), ttl, hold };
     assert_eq!(run(keep).await, Some(Answer::Yes(true)));
     // Every lock of the shared database: its rows are not this test's to count.
     assert!(matches!(run(Job::HeldLocks { ttl }).await, Some(Answer::Locks(_))));

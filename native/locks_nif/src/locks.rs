@@ -18,12 +18,30 @@ pub fn job(function: Term<'_>, args: Term<'_>) -> NifResult<Job> {
         let ttl = ttl(s)?;
         Ok((uuid(u)?, click_ref(r)?, ttl, hold(h, ttl)?))
     };
+    // A turn's lock with a hold (acquire/5, keep/5).
+    let lease = |c, u, t, s, h| -> NifResult<_> {
+        let ttl = ttl(s)?;
+        Ok((uuid(c)?, uuid(u)?, turn_ref(t)?, ttl, hold(h, ttl)?))
+    };
     Ok(match args[..] {
+        // acquire/4: the whole TTL as the hold, its locks dated now.
         [c, u, t, s] if f == atoms::acquire() => {
-            Job::Acquire { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }
+            let ttl = ttl(s)?;
+            Job::Acquire {
+                chat: uuid(c)?,
+                user: uuid(u)?,
+                turn: turn_ref(t)?,
+                ttl,
+                hold: Hold::full(ttl),
+            }
         }
-        [c, u, t, s] if f == atoms::keep() => {
-            Job::Keep { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }
+        [c, u, t, s, h] if f == atoms::acquire() => {
+            let (chat, user, turn, ttl, hold) = lease(c, u, t, s, h)?;
+            Job::Acquire { chat, user, turn, ttl, hold }
+        }
+        [c, u, t, s, h] if f == atoms::keep() => {
+            let (chat, user, turn, ttl, hold) = lease(c, u, t, s, h)?;
+            Job::Keep { chat, user, turn, ttl, hold }
         }
         [c, u, t, s] if f == atoms::release_stale() => {
             Job::ReleaseStale { chat: uuid(c)?, user: uuid(u)?, turn: turn_ref(t)?, ttl: ttl(s)? }

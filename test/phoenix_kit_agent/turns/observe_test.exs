@@ -78,9 +78,9 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       :ok = Locks.acquire(chat, user, "turn-1", @ttl)
       {:error, :conversation_busy} = Locks.acquire(chat, TestDB.uuid(), "turn-2", @ttl)
       true = Locks.held?(chat, user, "turn-1")
-      true = Locks.keep(chat, user, "turn-1", @ttl)
-      false = Locks.keep(chat, user, "turn-2", @ttl)
-      false = Locks.keep(chat, user, "turn-3", @ttl)
+      true = Locks.keep(chat, user, "turn-1", @ttl, @ttl)
+      false = Locks.keep(chat, user, "turn-2", @ttl, @ttl)
+      false = Locks.keep(chat, user, "turn-3", @ttl, @ttl)
       after_ = Locks.status()
 
       delta = fn function, outcome ->
@@ -91,7 +91,7 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       assert {delta.(:acquire, :ok), delta.(:acquire, :conversation_busy), delta.(:held?, true)} ==
                {1, 1, 1}
 
-      # A boolean answer is counted by its value: a keep/4 that lost its lease shows.
+      # A boolean answer is counted by its value: a keep/5 that lost its lease shows.
       assert {delta.(:keep, true), delta.(:keep, false)} == {1, 2}
       assert get_in(after_, [:calls, :keep, :ok]) == nil
 
@@ -146,8 +146,8 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
         {:acquire, Map.put(other, :ttl_s, @ttl), {:error, :conversation_busy}},
         {:fresh?, %{conversation_uuid: chat_arg, turn_ref: "turn-2", ttl_s: @ttl}, false},
         {:held?, turn, true},
-        {:keep, Map.put(turn, :ttl_s, @ttl), true},
-        {:keep, Map.put(other, :ttl_s, @ttl), false},
+        {:keep, Map.merge(turn, %{ttl_s: @ttl, lease_s: 10}), true},
+        {:keep, Map.merge(other, %{ttl_s: @ttl, lease_s: 10}), false},
         {:release_stale, Map.put(turn, :ttl_s, @ttl), false},
         {:release, turn, :ok},
         {:acquire_user, %{user_uuid: user, ref: click, ttl_s: @ttl, hold_s: 10}, :ok},
@@ -206,7 +206,7 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       acquire: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s],
       fresh?: [:conversation_uuid, :turn_ref, :ttl_s],
       held?: [:conversation_uuid, :user_uuid, :turn_ref],
-      keep: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s],
+      keep: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s, :lease_s],
       release_stale: [:conversation_uuid, :user_uuid, :turn_ref, :ttl_s],
       release: [:conversation_uuid, :user_uuid, :turn_ref],
       acquire_user: [:user_uuid, :ref, :ttl_s, :hold_s],

@@ -8,6 +8,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{AppEnv, TestDB, Turn}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Pg
 
   # A 3-second lease: the keeper renews it every second.
   @ttl 3
@@ -24,7 +25,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
   defp free?(chat, user),
     do: {TestDB.lock(:chat, chat), TestDB.lock(:user, user)} == {{nil, nil}, {nil, nil}}
 
-  # Waits for the keeper's next renewal (a keep/4 call) and its result.
+  # Waits for the keeper's next renewal (a keep/5 call) and its result.
   # A process running a turn that never ends on its own, once it runs: the
   # process and the turn's ref.
   defp turn_running!(chat, user) do
@@ -51,7 +52,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
        %{reason: %Locks.Error{reason: reason}}} ->
         {:failed, reason}
     after
-      timeout -> flunk("no keep/4 within #{timeout} ms")
+      timeout -> flunk("no keep/5 within #{timeout} ms")
     end
   end
 
@@ -236,9 +237,142 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
   end
 
   test "bad options raise ArgumentError" do
-    for opts <- [[], [ttl_s: 0], [ttl_s: 3, wait_ms: -1], [ttl_s: 3, tll: 1]] do
+    for opts <- [
+          [],
+          [ttl_s: 0],
+          [ttl_s: 3, wait_ms: -1],
+          [ttl_s: 3, tll: 1],
+          [ttl_s: 3, lease_s: 4]
+        ] do
       assert_raise ArgumentError, fn ->
         Locks.with_turn(TestDB.uuid(), TestDB.uuid(), opts, fn _ -> :ok end)
+      end
+    end
+  end
+
+  describe "a keeper that stops before its turn ends" do
+    # These use only :ttl_s (the lease is the TTL, 60 s), as before leases
+    # existed: nothing frees the chat before the turn is told.
+
+    defp running_turn!(chat, user) do
+      me = self()
+
+      caller =
+        spawn(fn ->
+          Locks.with_turn(chat, user, [ttl_s: 60], fn turn ->
+            send(me, {:running, turn})
+            Process.sleep(:infinity)
+          end)
+        end)
+
+      assert_receive {:running, turn}, 5_000
+      {caller, turn}
+    end
+
+    # Another turn tries the chat until it gets it (at most 5 s): at that
+    # moment the first turn must already know (lost?/1, its message).
+    defp taken_over_after_told!(chat, caller, turn) do
+      successor = "successor-#{System.unique_integer([:positive])}"
+
+      assert Enum.find(1..500, fn _ ->
+               Locks.acquire(chat, TestDB.uuid(), successor, 60) == :ok or
+                 (Process.sleep(10) && false)
+             end),
+             "the chat was never freed"
+
+      assert Locks.lost?(turn) == true
+      assert Process.info(caller, :messages) == {:messages, [{:turn_lock_lost, turn.ref}]}
+      assert {^successor, _age} = TestDB.lock(:chat, chat)
+    end
+
+    test "the application restarted: the turn is told before its chat can be taken", %{
+      chat: chat,
+      user: user
+    } do
+      {caller, turn} = running_turn!(chat, user)
+      :ok = AppEnv.stop()
+      {:ok, _} = Application.ensure_all_started(:phoenix_kit_agent_locks)
+
+      taken_over_after_told!(chat, caller, turn)
+      ref = turn.ref
+      assert_received {:telemetry, [:phoenix_kit_agent_locks, :turn, :lost], %{}, %{ref: ^ref}}
+    end
+
+    test "the keeper killed: the turn is told, its locks released, before its chat can be taken",
+         %{chat: chat, user: user} do
+      {caller, turn} = running_turn!(chat, user)
+      Process.exit(turn.keeper, :kill)
+
+      taken_over_after_told!(chat, caller, turn)
+      assert {nil, nil} = TestDB.lock(:user, user)
+      ref = turn.ref
+      assert_received {:telemetry, [:phoenix_kit_agent_locks, :turn, :lost], %{}, %{ref: ^ref}}
+    end
+
+    test "with no keeper supervisor (the application stopped), with_turn/4 raises :not_started " <>
+           "and takes nothing",
+         %{chat: chat, user: user} do
+      :ok = AppEnv.stop()
+
+      assert_raise Locks.Error, ~r/\Anot started: /, fn ->
+        Locks.with_turn(chat, user, [ttl_s: 60], fn _ -> flunk("ran") end)
+      end
+
+      assert {TestDB.lock(:chat, chat), TestDB.lock(:user, user)} == {{nil, nil}, nil}
+      assert Process.info(self(), :messages) == {:messages, []}
+    end
+  end
+
+  describe "a lease shorter than the takers' TTL" do
+    test "takers with the common TTL see the locks taken until lease_s after the last " <>
+           "renewal, then free and listed stale; the turn then learns it lost them" do
+      # A database of its own: held_locks/1 lists this test's locks only.
+      {_db, url} = Pg.create_database!("turn_lease")
+      :ok = AppEnv.restart(url: url)
+      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
+
+      assert {:lost, ref} =
+               Locks.with_turn(chat, user, [ttl_s: 60, lease_s: 5], fn turn ->
+                 assert turn.lease_s == 5
+                 assert next_keep() == :kept
+                 # Right after a renewal (the next one is 5/3 s away), as if
+                 # 4 s, then 6 s, had passed since it.
+                 TestDB.backdate!([chat: chat, user: user], 4, url)
+
+                 assert Locks.acquire(chat, TestDB.uuid(), "taker", 60) ==
+                          {:error, :conversation_busy}
+
+                 assert Locks.fresh?(chat, turn.ref, 60) == true
+
+                 assert [%{ref: ref, stale: false}, %{ref: ref, stale: false}] =
+                          Locks.held_locks(60)
+
+                 TestDB.backdate!([chat: chat, user: user], 2, url)
+
+                 assert [%{ref: ref, stale: true}, %{ref: ref, stale: true}] =
+                          Locks.held_locks(60)
+
+                 assert Locks.fresh?(chat, turn.ref, 60) == false
+                 assert Locks.acquire(chat, TestDB.uuid(), "taker", 60) == :ok
+                 # The next renewal answers false: an expired lease is not revived.
+                 assert_receive {:turn_lock_lost, ref}, 5_000
+                 assert Locks.lost?(turn)
+                 ref
+               end)
+
+      assert "turn-" <> _ = ref
+
+      assert [%{ref: "taker", kind: :chat}] =
+               Locks.held_locks(60) |> Enum.filter(&(&1.kind == :chat))
+    end
+
+    test "bad leases raise ArgumentError naming lease_s" do
+      for lease_s <- [0, 61, 1.5, "5"] do
+        assert_raise ArgumentError, ~r/\Ainvalid lease_s: /, fn ->
+          Locks.with_turn(TestDB.uuid(), TestDB.uuid(), [ttl_s: 60, lease_s: lease_s], fn _ ->
+            :ok
+          end)
+        end
       end
     end
   end

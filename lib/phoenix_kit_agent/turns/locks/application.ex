@@ -24,7 +24,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
     Observe.setup()
 
     # with_turn/4's keepers: stopped before stop/1 closes the pool, so each
-    # releases its turn's locks on the way out.
+    # tells its turn it is lost and releases its locks on the way out.
     children = [
       {DynamicSupervisor, name: PhoenixKitAgent.Turns.Locks.Keepers, strategy: :one_for_one}
     ]

@@ -131,11 +131,11 @@ defmodule PhoenixKitAgent.Turns.Locks.RacesTest do
     end
   end
 
-  describe "keep/4" do
+  describe "keep/5" do
     test "keeps of the holder, each waiting for the row: every one renews the lease" do
       {chat, user, turn} = held_turn!(@ttl, age: 5)
 
-      assert race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl) end) ==
+      assert race_at_row({:chat, chat}, 3, fn _ -> Locks.keep(chat, user, turn, @ttl, @ttl) end) ==
                [true, true, true]
 
       assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
@@ -158,7 +158,7 @@ defmodule PhoenixKitAgent.Turns.Locks.RacesTest do
             1 -> {:release, [chat, user, turn]}
             2 -> {:release_stale, [chat, user, turn, 1]}
             3 -> {:held?, [chat, user, turn]}
-            4 -> {:keep, [chat, user, turn, 1]}
+            4 -> {:keep, [chat, user, turn, 1, 1]}
             5 -> {:acquire, [chat, user, turn, @ttl]}
           end
         end
