@@ -5,13 +5,13 @@ use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use once_cell::sync::OnceCell;
-use tokio_postgres::types::{FromSql, ToSql};
-use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::Row as PgRow;
 
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
 use crate::job::{Answer, Job};
-
+use crate::row::{unexpected, Row};
 use crate::schema::{self, Column, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Def, Statement, Statements};
@@ -103,7 +103,7 @@ impl LockPool {
         deadline: Deadline,
         def: &Def,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>> {
+    ) -> Result<Vec<PgRow>> {
         let mut held = None;
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = held.insert(self.checkout().await?);
@@ -175,19 +175,8 @@ impl LockPool {
             text: sql::COLUMNS.text.to_owned(),
             params: sql::COLUMNS.params,
         };
-        let columns = run(conn, self.settings.prepare, &columns, &[&chats, &users])
-            .await?
-            .iter()
-            .map(|row| {
-                Ok(Column {
-                    chats: get(row, 0)?,
-                    name: get(row, 1)?,
-                    type_name: get(row, 2)?,
-                    not_null: get(row, 3)?,
-                    has_default: get(row, 4)?,
-                })
-            })
-            .collect::<Result<Vec<_>>>()?;
+        let rows = run(conn, self.settings.prepare, &columns, &[&chats, &users]).await?;
+        let columns = columns_of(&rows)?;
         let statements = Arc::new(Statements::new(&Tables::from_columns(prefix, &columns)?));
         Ok(self.statements.get_or_init(|| statements).clone())
     }
@@ -225,7 +214,7 @@ async fn run(
     prepare: Prepare,
     statement: &Statement,
     params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>> {
+) -> Result<Vec<PgRow>> {
     conn.sent = Instant::now();
     let rows = async {
         if prepare == Prepare::Unnamed {
@@ -254,21 +243,18 @@ async fn run(
     rows
 }
 
-/// The only row of a statement that returns exactly one.
-pub(crate) fn only(rows: &[Row]) -> Result<&Row> {
-    match rows {
-        [row] => Ok(row),
-        _ => Err(unexpected(format!("{} rows where one was expected", rows.len()))),
-    }
-}
-
-/// Column `i` of `row`.
-pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
-    row.try_get(i).map_err(|e| unexpected(e.to_string()))
-}
-
-/// An answer the statement should not have given: the tables are not what
-/// the statements were built for (they changed under a running pool).
-fn unexpected(reason: String) -> Error {
-    Error::config("tables", format!("unexpected answer ({reason}); restart the application"))
+/// The tables' columns in the rows of `sql::COLUMNS`, from a pooled
+/// connection or from the host's repo (`repo.rs`).
+pub(crate) fn columns_of<R: Row>(rows: &[R]) -> Result<Vec<Column>> {
+    rows.iter()
+        .map(|row| {
+            Ok(Column {
+                chats: row.bool(0)?,
+                name: row.str(1)?.to_owned(),
+                type_name: row.str(2)?.to_owned(),
+                not_null: row.bool(3)?,
+                has_default: row.bool(4)?,
+            })
+        })
+        .collect()
 }
