@@ -22,6 +22,7 @@ pub mod global;
 mod job;
 mod outcome;
 mod pool;
+pub mod repo;
 mod row;
 pub mod schema;
 mod settings;
