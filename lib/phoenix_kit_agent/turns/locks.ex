@@ -20,7 +20,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   failure to answer (no database, a timeout) raises
   `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
   statement may have run; a bad argument raises `ArgumentError` before
-  anything is sent. The README describes the configuration and operation.
+  anything is sent. The README describes the configuration and operation;
+  its "Testing your host" the mode in which a host's tests run every call
+  through their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
 
   ## Arguments
 
@@ -34,7 +36,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
       whole seconds from 1 to `ttl_s`.
   """
 
-  alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
+  alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Sandbox, Turn}
 
   @typedoc "Why the user's lock was refused: a turn or a click holds it."
   @type user_busy :: :turn_in_flight | :click_in_flight
@@ -243,7 +245,14 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   defp run(function, start, args) do
     Observe.start(function, start)
-    result = call(function, start, args)
+
+    # testing: :sandbox: through the host's repo, in this process (sandbox.ex).
+    result =
+      case Sandbox.repo() do
+        nil -> call(function, start, args)
+        repo -> Sandbox.call(repo, function, args)
+      end
+
     Observe.stop(function, start, result)
     result
   rescue

@@ -102,6 +102,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
 
   @impl true
   def init(turn) do
+    # testing: :sandbox: this process's calls use the caller's sandbox connection.
+    Locks.Sandbox.allow(turn.caller)
     Process.flag(:trap_exit, true)
     Process.monitor(turn.caller)
     every = max(div(turn.ttl_s * 1_000, 3), 1)
