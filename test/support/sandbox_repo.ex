@@ -18,8 +18,10 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
   # each column decoded by its type (`boolean`, `text`, `bigint`, `integer`,
   # `double precision`; NULL as nil; `rows: nil` for a statement that
   # returns none) or `{:error, %SandboxRepo.Error{postgres: %{pg_code: …}}}`,
-  # Postgrex.Error's fields. A failed statement aborts the transaction, as
-  # in the real sandbox. Values must not hold a tab or a newline (psql's
+  # Postgrex.Error's fields. Each query runs in a savepoint, as Ecto's
+  # sandbox runs it (Postgrex's `mode: :savepoint`): a failed one is rolled
+  # back alone and the test's transaction goes on. Values must not hold a
+  # tab or a newline (psql's
   # output is read line by line): no lock statement returns one here.
 
   alias PhoenixKitAgent.Turns.Locks.TestDB
@@ -78,13 +80,15 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
   end
 
   @types_end "sandbox_repo_types_end"
+  # What Postgrex does after a failed query in Ecto's sandbox (mode: :savepoint).
+  @undo "ROLLBACK TO SAVEPOINT sandbox_repo;\nRELEASE SAVEPOINT sandbox_repo;\nDEALLOCATE ALL"
 
   defp run(session, sql, params) do
     name = "sandbox_repo_#{System.unique_integer([:positive])}"
 
     [[param_types]] =
       TestDB.query!(
-        "PREPARE #{name} AS #{sql};\n" <>
+        "SAVEPOINT sandbox_repo;\nPREPARE #{name} AS #{sql};\n" <>
           "SELECT parameter_types::text FROM pg_prepared_statements WHERE name = '#{name}'",
         session
       )
@@ -97,7 +101,8 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
     # psql's \gdesc describes the result (name and type of each column) without running it.
     lines =
       TestDB.query!(
-        "#{execute} \\gdesc\n\\echo #{@types_end}\n#{execute};\nDEALLOCATE #{name}",
+        "#{execute} \\gdesc\n\\echo #{@types_end}\n#{execute};\n" <>
+          "DEALLOCATE #{name};\nRELEASE SAVEPOINT sandbox_repo",
         session
       )
 
@@ -112,7 +117,11 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
         {:ok, %{rows: Enum.map(rows, &Enum.zip_with(types, &1, fn t, v -> decode(t, v) end))}}
     end
   rescue
-    e in RuntimeError -> {:error, error(e.message)}
+    e in RuntimeError ->
+      # The session goes on after PostgreSQL's error, not after a lost connection.
+      error = error(e.message)
+      if is_struct(error, Error), do: TestDB.query!(@undo, session)
+      {:error, error}
   end
 
   # `{uuid,text,integer}` as a list.

@@ -19,22 +19,20 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
     %{session: session}
   end
 
-  # A host's own rows, inserted in the test's transaction (Ecto-made tables
-  # give the settings row's uuid key no default).
+  # A host's own rows, inserted in the test's transaction.
   defp insert_rows!(session) do
     [chat, user] = [TestDB.uuid(), TestDB.uuid()]
+    TestDB.query!(TestDB.insert_chats_sql([chat]) <> ";\n" <> insert_settings_sql(user), session)
+    {chat, user}
+  end
 
+  # Ecto-made tables give the settings row's uuid key no default.
+  defp insert_settings_sql(user) do
     {key, value} =
       if TestDB.tables() == :ecto, do: {"uuid, ", "gen_random_uuid(), "}, else: {"", ""}
 
-    TestDB.query!(
-      TestDB.insert_chats_sql([chat]) <>
-        ";\nINSERT INTO phoenix_kit_agent_user_settings (#{key}user_uuid, inserted_at, updated_at) " <>
-        "VALUES (#{value}'#{user}', now(), now())",
-      session
-    )
-
-    {chat, user}
+    "INSERT INTO phoenix_kit_agent_user_settings (#{key}user_uuid, inserted_at, updated_at) " <>
+      "VALUES (#{value}'#{user}', now(), now())"
   end
 
   defp lock_in(session, kind, id) do
@@ -144,17 +142,51 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
     assert message =~ "cannot find ownership process for #PID<"
   end
 
-  test "a statement PostgreSQL refuses is a :statement error with its SQLSTATE, in the test's transaction" do
-    :ok = AppEnv.restart(repo: SandboxRepo, testing: :sandbox, prefix: "no_such_schema")
-    held? = fn -> Locks.held?(TestDB.uuid(), TestDB.uuid(), "turn-1") end
+  test "a statement PostgreSQL refuses is a :statement error with its SQLSTATE, and the test goes on",
+       %{session: session} do
+    {chat, user} = insert_rows!(session)
 
-    error = assert_raise Error, held?
-    assert {error.reason, error.sqlstate} == {:statement, "3F000"}
-    assert error.message == "statement failed: 3F000: schema \"no_such_schema\" does not exist"
+    # In the test's transaction: a trigger that refuses the ref "refused".
+    TestDB.query!(
+      """
+      CREATE FUNCTION sandbox_test_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+      BEGIN
+        IF NEW.busy_turn_ref = 'refused' THEN
+          RAISE EXCEPTION 'refused by the test' USING ERRCODE = '23514';
+        END IF;
+        RETURN NEW;
+      END $$;
+      CREATE TRIGGER sandbox_test_refuse BEFORE UPDATE ON phoenix_kit_agent_conversations
+        FOR EACH ROW EXECUTE FUNCTION sandbox_test_refuse()
+      """,
+      session
+    )
 
-    # As any statement of a test under the sandbox, it aborted the test's transaction.
-    error = assert_raise Error, held?
-    assert {error.reason, error.sqlstate} == {:statement, "25P02"}
+    error = assert_raise Error, fn -> Locks.acquire(chat, user, "refused", 60) end
+
+    assert {error.reason, error.sqlstate, error.message} ==
+             {:statement, "23514", "statement failed: 23514: refused by the test"}
+
+    # Rolled back alone, as Ecto's sandbox rolls a failed query back to its savepoint.
+    assert Locks.acquire(chat, user, "turn-1", 60) == :ok
+    assert lock_in(session, :user, user) == [["turn-1"]]
+  end
+
+  test "a statement cancelled by a timeout is :timeout", %{session: session} do
+    {chat, _user} = insert_rows!(session)
+    user = TestDB.uuid()
+    # Another transaction inserts the user's settings row and stays open: the
+    # lock's upsert waits on the unique index until the test's statement_timeout.
+    other = TestDB.session!()
+    TestDB.query!("BEGIN;\n" <> insert_settings_sql(user), other)
+    TestDB.query!("SET LOCAL statement_timeout = '200ms'", session)
+
+    error = assert_raise Error, fn -> Locks.acquire(chat, user, "turn-1", 60) end
+
+    assert {error.reason, error.sqlstate, error.message} ==
+             {:timeout, nil, "timed out: canceling statement due to statement timeout (57014)"}
+
+    TestDB.close(other)
   end
 
   test "a connection lost with the statement in flight is :disconnected", %{session: session} do

@@ -70,17 +70,23 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
   DBConnection's exceptions (no dependency on them); any other exception as it is.
   """
   # Told apart and worded as the pool's (locks_core/src/error.rs): a FATAL
-  # error or a shutdown ended the session with the statement in flight; any
-  # other refused the statement.
+  # error or a shutdown ended the session with the statement in flight; a
+  # cancel (57014) is the repo's `:timeout` (the sandbox cancels a query that
+  # outlasts it) or the server's statement_timeout; any other refused it.
   def error(%{postgres: %{pg_code: sqlstate} = postgres}) when is_binary(sqlstate) do
-    if postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"] do
-      message =
-        "connection lost while the statement was in flight: #{postgres[:message]} (#{sqlstate})"
+    cause = "#{postgres[:message]} (#{sqlstate})"
 
-      %Error{reason: :disconnected, message: message}
-    else
-      message = "statement failed: #{sqlstate}: #{postgres[:message]}"
-      %Error{reason: :statement, sqlstate: sqlstate, message: message}
+    cond do
+      postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"] ->
+        message = "connection lost while the statement was in flight: " <> cause
+        %Error{reason: :disconnected, message: message}
+
+      sqlstate == "57014" ->
+        %Error{reason: :timeout, message: "timed out: " <> cause}
+
+      true ->
+        message = "statement failed: #{sqlstate}: #{postgres[:message]}"
+        %Error{reason: :statement, sqlstate: sqlstate, message: message}
     end
   end
 
