@@ -66,8 +66,10 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
        %{session: session} do
     {chat, user} = insert_rows!(session)
     {other_chat, other_user} = insert_rows!(session)
-    # Neither row exists outside the transaction: no other connection could lock them.
+    # Neither row exists outside the transaction: no other connection could
+    # lock them. And the library has no connection of its own: no pool.
     assert rows_outside(chat, user) == "0"
+    assert %Error{reason: :not_started} = catch_error(Locks.status())
 
     # Without the mode: :conversation_busy (the chat is not committed), and a
     # click would wait on the settings row's unique index until :timeout.
