@@ -20,7 +20,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   failure to answer (no database, a timeout) raises
   `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
   statement may have run; a bad argument raises `ArgumentError` before
-  anything is sent. The README describes the configuration and operation.
+  anything is sent. The README describes the configuration and operation;
+  its "Testing your host" the mode in which a host's tests run every call
+  through their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
 
   ## Arguments
 
@@ -34,7 +36,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
       `lease_s`: whole seconds from 1 to `ttl_s`.
   """
 
-  alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Turn}
+  alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Sandbox, Turn}
 
   @typedoc "Why the user's lock was refused: a turn or a click holds it."
   @type user_busy :: :turn_in_flight | :click_in_flight
@@ -324,12 +326,20 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # One call, a span of events (Observe) whose metadata is the function and
   # its arguments as the caller passed them (the public function's
   # `binding()`, taken before it binds anything else; `args` are the NIF's);
-  # `answer` makes the function's return of the NIF's answer.
+  # `answer` makes the function's return of the NIF's answer. Under
+  # testing: :sandbox the call goes through the host's repo, in this process
+  # (sandbox.ex).
   defp run(function, start, arguments, args, answer \\ & &1) do
     span = Observe.start(function, start, Map.new([{:function, function} | arguments]))
 
     try do
-      result = answer.(call(function, start, args))
+      answered =
+        case Sandbox.repo() do
+          nil -> call(function, start, args)
+          repo -> Sandbox.call(repo, function, args)
+        end
+
+      result = answer.(answered)
       Observe.stop(span, result)
       result
     catch

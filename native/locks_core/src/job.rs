@@ -4,12 +4,12 @@
 //! [`LockPool::run`](crate::LockPool::run) sends any job as its one
 //! statement; [`Job::answer`] reads the rows it returned.
 
-use tokio_postgres::types::{FromSql, ToSql};
-use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
 
 use crate::outcome::{Acquire, AcquireUser, HeldLock};
+use crate::row::{only, Row};
 use crate::sql::{self, Def};
-use crate::{ClickRef, Error, Hold, Result, Ttl, TurnRef, Uuid};
+use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 
 /// A lock call and its arguments: one variant per function of the Elixir
 /// API, named after it, run as its statement in `sql.rs`.
@@ -79,13 +79,14 @@ impl Job {
         }
     }
 
-    /// The answer in the rows this job's statement returned.
-    pub(crate) fn answer(&self, rows: &[Row]) -> Result<Answer> {
+    /// The answer in the rows this job's statement returned, from a pooled
+    /// connection or from the host's repo (`row.rs`): the one reading of both.
+    pub(crate) fn answer<R: Row>(&self, rows: &[R]) -> Result<Answer> {
         Ok(match self {
             Job::Acquire { turn, .. } => {
                 let row = only(rows)?;
-                let acquired: bool = get(row, 0)?;
-                let holder: Option<&str> = get(row, 1)?;
+                let acquired = row.bool(0)?;
+                let holder = row.text(1)?;
                 Answer::Acquire(match (acquired, holder) {
                     (true, _) => Acquire::Acquired,
                     (false, None) => Acquire::ConversationBusy,
@@ -102,23 +103,23 @@ impl Job {
                 })
             }
             Job::AcquireUser { click, .. } => {
-                let holder: &str = get(only(rows)?, 0)?;
+                let holder = only(rows)?.str(0)?;
                 Answer::AcquireUser(AcquireUser::from_holder(holder, &click.0))
             }
             Job::Fresh { .. } | Job::Held { .. } | Job::Keep { .. } | Job::ReleaseStale { .. } => {
-                Answer::Yes(get(only(rows)?, 0)?)
+                Answer::Yes(only(rows)?.bool(0)?)
             }
             Job::KeepUser { .. } => Answer::Yes(rows.len() == 1),
             Job::HeldLocks { .. } => Answer::Locks(
                 rows.iter()
                     .map(|row| {
                         Ok(HeldLock {
-                            chat: get::<&str>(row, 0)? == "chat",
-                            id: get(row, 1)?,
-                            holder: get(row, 2)?,
-                            since_us: get(row, 3)?,
-                            age_s: get(row, 4)?,
-                            stale: get(row, 5)?,
+                            chat: row.str(0)? == "chat",
+                            id: row.str(1)?.to_owned(),
+                            holder: row.str(2)?.to_owned(),
+                            since_us: row.int(3)?,
+                            age_s: row.float(4)?,
+                            stale: row.bool(5)?,
                         })
                     })
                     .collect::<Result<_>>()?,
@@ -126,17 +127,4 @@ impl Job {
             Job::Release { .. } | Job::ReleaseUser { .. } => Answer::Done,
         })
     }
-}
-
-/// The only row of a statement that returns exactly one.
-fn only(rows: &[Row]) -> Result<&Row> {
-    match rows {
-        [row] => Ok(row),
-        _ => Err(Error::unexpected(format!("{} rows where one was expected", rows.len()))),
-    }
-}
-
-/// Column `i` of `row`.
-pub(crate) fn get<'a, T: FromSql<'a>>(row: &'a Row, i: usize) -> Result<T> {
-    row.try_get(i).map_err(Error::unexpected)
 }

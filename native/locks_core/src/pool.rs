@@ -6,12 +6,11 @@ use std::time::{Duration, Instant};
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use once_cell::sync::OnceCell;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Row;
+use tokio_postgres::Row as PgRow;
 
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
 use crate::job::{Answer, Job};
-
 use crate::schema::{self, Catalog, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Def, Statement, Statements};
@@ -103,7 +102,7 @@ impl LockPool {
         deadline: Deadline,
         def: &Def,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>> {
+    ) -> Result<Vec<PgRow>> {
         let mut held = None;
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = held.insert(self.checkout().await?);
@@ -232,7 +231,7 @@ async fn run(
     prepare: Prepare,
     statement: &Statement,
     params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<Row>> {
+) -> Result<Vec<PgRow>> {
     conn.sent = Instant::now();
     let rows = async {
         if prepare == Prepare::Unnamed {

@@ -18,10 +18,8 @@
 //! with a raw PostgreSQL error: a missing table, a key that is not a unique
 //! `uuid`, a lock column of the wrong type, too short or `NOT NULL`.
 
-use tokio_postgres::Row;
-
 use crate::error::{Error, Result};
-use crate::job::get;
+use crate::row::Row;
 
 /// The chat table's name.
 pub const CHATS: &str = "phoenix_kit_agent_conversations";
@@ -98,7 +96,7 @@ pub fn lock_columns(prefix: Option<&str>) -> String {
 /// `:string` makes) is the shortest that does. A shorter one would hold the
 /// refs the library makes (37 bytes for `with_turn/4`, 38 for a click) and
 /// fail a host's longer turn ref at the statement, with 22001.
-pub const MAX_REF_CHARS: i32 = 255;
+pub const MAX_REF_CHARS: i64 = 255;
 
 /// What the catalog says of the two tables: whether each exists, and the
 /// columns of those that do (the `COLUMNS` statement of `sql.rs`).
@@ -120,7 +118,7 @@ pub(crate) struct Column {
     /// The type as SQL writes it (`format_type`): `character varying(10)`, `integer`, …
     pub sql_type: String,
     /// The `n` of a `varchar(n)` or `char(n)`; `None` for any other type.
-    pub max_chars: Option<i32>,
+    pub max_chars: Option<i64>,
     pub not_null: bool,
     /// A default, an identity or a generated column: the database fills it.
     pub has_default: bool,
@@ -135,10 +133,10 @@ pub(crate) struct Column {
 impl Catalog {
     /// The rows of the `COLUMNS` statement: one per column of a table that
     /// exists, one with `found` false (and NULLs) for a table that does not.
-    pub fn from_rows(rows: &[Row]) -> Result<Self> {
+    pub fn from_rows<R: Row>(rows: &[R]) -> Result<Self> {
         let mut catalog = Catalog { chats_found: false, users_found: false, columns: Vec::new() };
         for row in rows {
-            let (chats, found): (bool, bool) = (get(row, 0)?, get(row, 1)?);
+            let (chats, found) = (row.bool(0)?, row.bool(1)?);
             if !found {
                 continue;
             }
@@ -148,17 +146,17 @@ impl Catalog {
                 catalog.users_found = true;
             }
             // A table without a single column comes as one row of NULLs.
-            let Some(name) = get::<Option<String>>(row, 2)? else { continue };
+            let Some(name) = row.text(2)? else { continue };
             catalog.columns.push(Column {
                 chats,
-                name,
-                type_name: get(row, 3)?,
-                sql_type: get(row, 4)?,
-                max_chars: get(row, 5)?,
-                not_null: get(row, 6)?,
-                has_default: get(row, 7)?,
-                unique: get(row, 8)?,
-                deferrable: get(row, 9)?,
+                name: name.to_owned(),
+                type_name: row.str(3)?.to_owned(),
+                sql_type: row.str(4)?.to_owned(),
+                max_chars: row.int(5)?,
+                not_null: row.bool(6)?,
+                has_default: row.bool(7)?,
+                unique: row.bool(8)?,
+                deferrable: row.text(9)?.map(str::to_owned),
             });
         }
         Ok(catalog)
@@ -458,7 +456,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_busy_turn_ref_of_varchar_must_hold_every_ref() {
-        let varchar = |n: Option<i32>| {
+        let varchar = |n: Option<i64>| {
             mistake(None, move |c| {
                 let column = of(c, true, "busy_turn_ref");
                 column.type_name = "varchar".into();

@@ -335,7 +335,7 @@ WITH t (chats, oid) AS (VALUES (true, to_regclass($1::text)), (false, to_regclas
 SELECT t.chats, t.oid IS NOT NULL AS found, a.attname::text AS name,
        ty.typname::text AS type_name, format_type(a.atttypid, a.atttypmod) AS sql_type,
        CASE WHEN ty.typname IN ('varchar', 'bpchar') AND a.atttypmod >= 4
-            THEN a.atttypmod - 4 END AS max_chars,
+            THEN (a.atttypmod - 4)::int8 END AS max_chars,
        a.attnotnull AS not_null,
        (a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '') AS has_default,
        i.is_unique, i.deferrable

@@ -11,6 +11,8 @@ rustler::atoms! {
     conversation_busy, turn_in_flight, click_in_flight,
     // PhoenixKitAgent.Turns.Locks.Error reasons
     config, not_started, connect, pool_timeout, timeout, disconnected, statement,
+    // testing: :sandbox's steps (repo.rs)
+    columns, run,
     // held_locks/1 kinds, and DDL kinds
     chat, user, tables, lock_columns,
 }

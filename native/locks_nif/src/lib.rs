@@ -9,5 +9,6 @@ mod atoms;
 mod call;
 mod error;
 mod locks;
+mod repo;
 
 rustler::init!("Elixir.PhoenixKitAgent.Turns.Locks.Native");

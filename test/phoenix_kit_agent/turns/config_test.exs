@@ -295,7 +295,7 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
     test "raises Locks.Error :config naming it, never its value" do
       for {env, message} <- [
             {[urll: "x"],
-             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare"},
+             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare, :testing"},
             {[url: ~c"postgres://u:s3cr3t@h/db"], "invalid configuration: url: must be a string"},
             {[password: 123_456], "invalid configuration: password: must be a string"},
             {[url: "postgres://h/db", port: "5432"],

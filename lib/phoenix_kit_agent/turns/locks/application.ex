@@ -5,10 +5,25 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
   require Logger
 
-  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Native, Observe}
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Native, Observe, Sandbox}
 
   @impl true
   def start(_type, _args) do
+    # testing: :sandbox opens no connection: the host's repo runs every statement.
+    with :disabled <- Sandbox.start(Config.testing()), do: start_pool()
+
+    Observe.setup()
+
+    # with_turn/4's keepers: stopped before stop/1 closes the pool, so each
+    # tells its turn it is lost and releases its locks on the way out.
+    children = [
+      {DynamicSupervisor, name: PhoenixKitAgent.Turns.Locks.Keepers, strategy: :one_for_one}
+    ]
+
+    Supervisor.start_link(children, strategy: :one_for_one, name: __MODULE__.Supervisor)
+  end
+
+  defp start_pool do
     case Config.read() do
       {:ok, config} ->
         start_pool!(config)
@@ -20,16 +35,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
             "application is restarted with one"
         )
     end
-
-    Observe.setup()
-
-    # with_turn/4's keepers: stopped before stop/1 closes the pool, so each
-    # tells its turn it is lost and releases its locks on the way out.
-    children = [
-      {DynamicSupervisor, name: PhoenixKitAgent.Turns.Locks.Keepers, strategy: :one_for_one}
-    ]
-
-    Supervisor.start_link(children, strategy: :one_for_one, name: __MODULE__.Supervisor)
   end
 
   @impl true

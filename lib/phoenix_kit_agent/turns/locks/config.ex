@@ -15,7 +15,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
                  sslmode ssl_ca_file application_name)a
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
   @fields @connection ++ [:prefix, :pool_size] ++ @timeouts ++ [:prepare]
-  @settings [:repo, :url] ++ @fields
+  @settings [:repo, :url] ++ @fields ++ [:testing]
   # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif): allowed, ignored here.
   @build_settings [:build_from_source]
   # What the library takes from a repo's config/0 as it is.
@@ -26,6 +26,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   @max_pool_size 1_000
   @sslmodes [:disable, :prefer, :require, :verify_ca, :verify_full]
   @prepares [:named, :unnamed]
+  # `testing: :sandbox` runs the statements through `repo`'s query/3 (Locks.Sandbox).
+  @testing [:disabled, :sandbox]
 
   @derive {Inspect, except: [:password]}
   @enforce_keys [:port, :username, :database, :sslmode, :application_name, :pool_size, :prepare] ++
@@ -50,6 +52,39 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         else: over(connection, parse_url!(database_url, "DATABASE_URL"))
 
     if located?(connection), do: {:ok, build!(connection, own, repo)}, else: :unconfigured
+  end
+
+  @doc """
+  `{:sandbox, repo, prefix}` under `testing: :sandbox` (the statements go
+  through `repo`'s `query/3`, on no connection of the library's own), else
+  `:disabled`. Checks every setting, as `read/1` does.
+  """
+  @spec testing(keyword()) :: {:sandbox, module(), String.t() | nil} | :disabled
+  def testing(env \\ Application.get_all_env(@app)) do
+    own = own_settings!(env)
+
+    case Keyword.get(own, :testing, :disabled) do
+      :disabled ->
+        :disabled
+
+      :sandbox ->
+        repo = own[:repo] || bad!(:testing, ":sandbox needs repo: the host's Ecto repo")
+        name = inspect(repo)
+
+        unless Code.ensure_loaded?(repo) and function_exported?(repo, :query, 3),
+          do:
+            bad!(:repo, "#{name} has no query/3 (an Ecto SQL repo), which testing: :sandbox runs")
+
+        repo_prefix =
+          if function_exported?(repo, :config, 0) and Keyword.keyword?(repo.config()),
+            do: repo.config()[:prefix]
+
+        prefix =
+          own[:prefix] ||
+            (repo_prefix && check!(:prefix, repo_prefix, "#{name}.config()[:prefix]"))
+
+        {:sandbox, repo, prefix}
+    end
   end
 
   @doc """
@@ -175,6 +210,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     do: {v in @sslmodes, "must be one of #{Enum.map_join(@sslmodes, ", ", &inspect/1)}"}
 
   defp rule(:prepare, v), do: {v in @prepares, "must be :named or :unnamed"}
+  defp rule(:testing, v), do: {v in @testing, "must be :sandbox or :disabled"}
   defp rule(:socket_dir, v), do: {match?("/" <> _, v), "must be an absolute directory"}
   defp rule(:prefix, v), do: {prefix?(v), prefix_rule()}
   defp rule(key, v) when key in [:url, :password], do: {text?(v), "must be a string"}

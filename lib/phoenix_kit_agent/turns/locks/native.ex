@@ -47,6 +47,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def leave, do: not_loaded()
   def status, do: not_loaded()
 
+  # testing: :sandbox (native/locks_nif/src/repo.rs, run by Locks.Sandbox).
+  def repo_start(_prefix), do: not_loaded()
+  def repo_step(_function, _args), do: not_loaded()
+  def repo_columns(_rows), do: not_loaded()
+  def repo_answer(_function, _args, _rows), do: not_loaded()
+
   defp not_loaded do
     why = :persistent_term.get({__MODULE__, :load_error}, "not loaded")
 

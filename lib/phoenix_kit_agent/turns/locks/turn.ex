@@ -411,6 +411,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
   @impl true
   def init(turn) do
     # Exits trapped: a shutdown goes through terminate/2, which tells and releases.
+    # testing: :sandbox: this process's calls use the caller's sandbox connection.
+    Locks.Sandbox.allow(turn.caller)
     Process.flag(:trap_exit, true)
     Process.monitor(turn.caller)
     send(turn.watcher, {:keeper, self()})
@@ -474,7 +476,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn.Keeper do
   def handle_info(:keep, %{phase: :running, keeping: nil, turn: turn} = state) do
     sent = Turn.now()
     args = [turn.conversation_uuid, turn.user_uuid, turn.ref, turn.ttl_s, turn.lease_s]
-    {_pid, watch} = spawn_monitor(fn -> exit({:kept, keep(args)}) end)
+    caller = turn.caller
+
+    {_pid, watch} =
+      spawn_monitor(fn ->
+        # testing: :sandbox: this process's call uses the caller's connection too.
+        Locks.Sandbox.allow(caller)
+        exit({:kept, keep(args)})
+      end)
+
     {:noreply, %{state | keeping: {watch, sent}}}
   end
 

@@ -1,0 +1,109 @@
+defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
+  @moduledoc false
+  # `testing: :sandbox` (the README's "Testing your host"): every lock call
+  # runs its statement through the host repo's query/3 in the calling
+  # process, so an Ecto SQL Sandbox's ownership, allowances and rollback
+  # apply to it. The NIF hands over the statement (the pool's text, filled
+  # for the host's tables: native/locks_nif/src/repo.rs) and reads the rows
+  # back into the call's answer, by the pool's own code. No pool, no gate:
+  # the sandbox's connection serializes the calls of a test.
+
+  alias PhoenixKitAgent.Turns.Locks.{Error, Native}
+
+  @key {__MODULE__, :repo}
+
+  @doc "Installs the mode of `Config.testing/0`'s answer (or clears it); that answer."
+  def start({:sandbox, repo, prefix} = testing) do
+    :ok = Native.repo_start(prefix)
+    :persistent_term.put(@key, repo)
+    testing
+  end
+
+  def start(:disabled) do
+    :persistent_term.erase(@key)
+    :disabled
+  end
+
+  @doc "The host's repo under `testing: :sandbox`, else nil (one read of a persistent term)."
+  def repo, do: :persistent_term.get(@key, nil)
+
+  @doc """
+  The answer of lock call `function` with its checked `args`, from `repo`.
+  The first call reads the tables' columns through the repo, then its own statement.
+  """
+  def call(repo, function, args) do
+    case Native.repo_step(function, args) do
+      {:columns, sql, params} ->
+        :ok = Native.repo_columns(rows!(repo, sql, params))
+        call(repo, function, args)
+
+      {:run, sql, params} ->
+        Native.repo_answer(function, args, rows!(repo, sql, params))
+    end
+  end
+
+  @doc """
+  Lets a process that runs lock calls for `caller` (with_turn/4's keeper,
+  from its init/1) use `caller`'s sandbox connection: it joins `caller`'s
+  `$callers`, which the sandbox looks up as it does for a Task, so no
+  `Ecto.Adapters.SQL.Sandbox.allow/3` is needed. Nothing outside the mode.
+  """
+  def allow(caller) do
+    if repo() do
+      {:dictionary, dictionary} = Process.info(caller, :dictionary) || {:dictionary, []}
+      Process.put(:"$callers", [caller | Keyword.get(dictionary, :"$callers", [])])
+    end
+
+    :ok
+  end
+
+  # Postgrex answers `rows: nil` to a statement that returns none (release/3).
+  defp rows!(repo, sql, params) do
+    case repo.query(sql, params, []) do
+      {:ok, %{rows: rows}} -> rows || []
+      {:error, exception} -> raise error(exception)
+    end
+  end
+
+  @doc """
+  The Locks.Error of a repo's error, by the fields of Postgrex's and
+  DBConnection's exceptions (no dependency on them); any other exception as it is.
+  """
+  # Told apart and worded as the pool's (locks_core/src/error.rs): a FATAL
+  # error or a shutdown ended the session with the statement in flight; a
+  # cancel (57014) is the repo's `:timeout` (the sandbox cancels a query that
+  # outlasts it) or the server's statement_timeout; any other refused it.
+  def error(%{postgres: %{pg_code: sqlstate} = postgres}) when is_binary(sqlstate) do
+    cause = "#{postgres[:message]} (#{sqlstate})"
+
+    cond do
+      postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"] ->
+        message = "connection lost while the statement was in flight: " <> cause
+        %Error{reason: :disconnected, message: message}
+
+      sqlstate == "57014" ->
+        %Error{reason: :timeout, message: "timed out: " <> cause}
+
+      true ->
+        message = "statement failed: #{sqlstate}: #{postgres[:message]}"
+        %Error{reason: :statement, sqlstate: sqlstate, message: message}
+    end
+  end
+
+  def error(%{__struct__: DBConnection.ConnectionError, message: message} = error) do
+    reason =
+      cond do
+        error.reason == :queue_timeout -> :pool_timeout
+        message =~ "timed out" -> :timeout
+        true -> :disconnected
+      end
+
+    %Error{reason: reason, message: message}
+  end
+
+  # No connection for this process: nothing was sent (the message says what to do).
+  def error(%{__struct__: DBConnection.OwnershipError, message: message}),
+    do: %Error{reason: :connect, message: message}
+
+  def error(exception), do: exception
+end

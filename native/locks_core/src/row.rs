@@ -1,0 +1,151 @@
+//! The rows a statement answered, as [`Job::answer`](crate::Job) and the
+//! tables' check read them: one trait, [`Row`], over tokio-postgres' rows (a
+//! pooled connection) and over [`Value`]s (the rows of the host's repo, in
+//! `testing: :sandbox`, decoded from Elixir terms by the NIF). So one piece of
+//! code turns either into the same answers, and a repo's answer is checked as
+//! strictly as a connection's: a column of another type is an error, never a
+//! guess.
+
+use crate::error::{Error, Result};
+
+/// Column `i` of one row, by the types the statements of `sql.rs` return.
+pub trait Row {
+    /// A `boolean` column that is never NULL.
+    fn bool(&self, i: usize) -> Result<bool>;
+    /// A `text` column; `None` for NULL.
+    fn text(&self, i: usize) -> Result<Option<&str>>;
+    /// An `int8` column; `None` for NULL.
+    fn int(&self, i: usize) -> Result<Option<i64>>;
+    /// A `float8` column; `None` for NULL.
+    fn float(&self, i: usize) -> Result<Option<f64>>;
+
+    /// A `text` column that is never NULL.
+    fn str(&self, i: usize) -> Result<&str> {
+        self.text(i)?.ok_or_else(|| Error::unexpected(format!("column {i} is NULL")))
+    }
+}
+
+impl Row for tokio_postgres::Row {
+    fn bool(&self, i: usize) -> Result<bool> {
+        get(self, i)
+    }
+
+    fn text(&self, i: usize) -> Result<Option<&str>> {
+        get(self, i)
+    }
+
+    fn int(&self, i: usize) -> Result<Option<i64>> {
+        get(self, i)
+    }
+
+    fn float(&self, i: usize) -> Result<Option<f64>> {
+        get(self, i)
+    }
+}
+
+fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    i: usize,
+) -> Result<T> {
+    row.try_get(i).map_err(Error::unexpected)
+}
+
+/// One column of a row the host's repo returned, as Postgrex decodes it:
+/// `nil`, a boolean, an integer, a float, a string; anything else is
+/// `Other`, named, which no column of a lock statement can be.
+#[derive(Clone, Debug, PartialEq)]
+#[allow(missing_docs)] // the variants: the Elixir terms they come from
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Text(String),
+    Other(String),
+}
+
+impl Row for Vec<Value> {
+    fn bool(&self, i: usize) -> Result<bool> {
+        match self.get(i) {
+            Some(Value::Bool(yes)) => Ok(*yes),
+            other => Err(not_a("boolean", i, other)),
+        }
+    }
+
+    fn text(&self, i: usize) -> Result<Option<&str>> {
+        match self.get(i) {
+            Some(Value::Null) => Ok(None),
+            Some(Value::Text(text)) => Ok(Some(text)),
+            other => Err(not_a("string", i, other)),
+        }
+    }
+
+    fn int(&self, i: usize) -> Result<Option<i64>> {
+        match self.get(i) {
+            Some(Value::Null) => Ok(None),
+            Some(Value::Int(n)) => Ok(Some(*n)),
+            other => Err(not_a("integer", i, other)),
+        }
+    }
+
+    fn float(&self, i: usize) -> Result<Option<f64>> {
+        match self.get(i) {
+            Some(Value::Null) => Ok(None),
+            Some(Value::Float(x)) => Ok(Some(*x)),
+            other => Err(not_a("float", i, other)),
+        }
+    }
+}
+
+fn not_a(expected: &str, i: usize, found: Option<&Value>) -> Error {
+    match found {
+        Some(value) => Error::unexpected(format!("column {i} is {value:?}, not a {expected}")),
+        None => Error::unexpected(format!("no column {i}")),
+    }
+}
+
+/// The only row of a statement that returns exactly one.
+pub(crate) fn only<R>(rows: &[R]) -> Result<&R> {
+    match rows {
+        [row] => Ok(row),
+        _ => Err(Error::unexpected(format!("{} rows where one was expected", rows.len()))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repo_row_is_read_by_the_types_of_its_columns_and_nothing_else() {
+        let row = vec![
+            Value::Bool(true),
+            Value::Text("turn-1".into()),
+            Value::Null,
+            Value::Int(7),
+            Value::Float(1.5),
+        ];
+        assert_eq!(row.bool(0).ok(), Some(true));
+        assert_eq!(row.str(1).ok(), Some("turn-1"));
+        assert_eq!(row.text(2).ok(), Some(None));
+        assert_eq!(row.int(3).ok(), Some(Some(7)));
+        assert_eq!(row.float(4).ok(), Some(Some(1.5)));
+
+        let wrong = [row.bool(1).err(), row.str(2).err(), row.float(3).err(), row.int(9).err()];
+        let wrong: Vec<_> = wrong.iter().map(|e| e.as_ref().map(ToString::to_string)).collect();
+        let expect = |reason: &str| {
+            Some(format!(
+                "invalid configuration: tables: unexpected answer ({reason}); restart the application"
+            ))
+        };
+        assert_eq!(
+            wrong,
+            [
+                expect("column 1 is Text(\"turn-1\"), not a boolean"),
+                expect("column 2 is NULL"),
+                expect("column 3 is Int(7), not a float"),
+                expect("no column 9"),
+            ]
+        );
+    }
+}
