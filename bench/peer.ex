@@ -65,6 +65,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Peer do
           database: config.database,
           ssl: ssl(config),
           pool_size: pool_size,
+          # DBConnection's defaults (50 ms, 1 s) drop queued requests once
+          # the queue waits longer than that, which 50 callers on a pool of 8
+          # do on a loaded machine; the library's callers wait up to its
+          # checkout timeout, and so do these.
+          queue_target: config.checkout_timeout,
+          queue_interval: config.checkout_timeout,
           parameters: [application_name: "phoenix_kit_agent_locks bench postgrex"],
           # Not linked to the caller: the bench stops it itself.
           sync_connect: false
