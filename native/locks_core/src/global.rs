@@ -17,18 +17,9 @@
 //! closed. The runtime lives as long as the VM (rustler cannot unload, and a
 //! runtime dropped under a connection task would abort it); the pool is
 //! replaced by each [`start`] and closed by [`stop`].
-//!
-//! **Prototype (issue 20, shape (a)):** with `LOCKS_SHAPE=affine` in the
-//! environment when [`start`] runs, the pool is
-//! [`LockPool::thread_affine`]: each connection has a current-thread
-//! runtime of its own, which the call that checked it out drives on its own
-//! thread. [`block_on`] then runs the call's future with a plain executor
-//! on the calling thread, outside any runtime (the pool blocks inside it).
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
-use std::task::{Context, Poll, Wake, Waker};
 
 use once_cell::sync::Lazy;
 use tokio::runtime::Runtime;
@@ -49,9 +40,6 @@ static RUNTIME: Lazy<std::result::Result<Runtime, String>> = Lazy::new(|| {
 
 static CURRENT: RwLock<Option<Arc<LockPool>>> = RwLock::new(None);
 
-/// Whether the installed pool is the thread-affine prototype.
-static AFFINE: AtomicBool = AtomicBool::new(false);
-
 fn runtime() -> Result<&'static Runtime> {
     RUNTIME.as_ref().map_err(|e| Error::Connect(format!("cannot start the tokio runtime: {e}")))
 }
@@ -60,34 +48,10 @@ fn runtime() -> Result<&'static Runtime> {
 /// after catching up (so a connection the server closed meanwhile is
 /// replaced at checkout instead of failing the call).
 pub fn block_on<F: Future>(future: F) -> Result<F::Output> {
-    if AFFINE.load(Ordering::Acquire) {
-        return Ok(run_here(future));
-    }
     Ok(runtime()?.block_on(async {
         catch_up().await;
         future.await
     }))
-}
-
-/// Polls `future` to its end on this thread, parked while it is pending:
-/// the thread-affine pool's calls are ready at their first poll (they block
-/// inside, on their connection's runtime).
-fn run_here<F: Future>(future: F) -> F::Output {
-    struct Unpark(std::thread::Thread);
-    impl Wake for Unpark {
-        fn wake(self: Arc<Self>) {
-            self.0.unpark();
-        }
-    }
-    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
-    let mut cx = Context::from_waker(&waker);
-    let mut future = std::pin::pin!(future);
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-        std::thread::park();
-    }
 }
 
 /// Lets the runtime poll its I/O driver and run every task that became
@@ -102,12 +66,10 @@ pub(crate) async fn catch_up() {
 
 /// Builds a pool from `settings` and installs it, closing the one before.
 pub fn start(settings: Settings) -> Result<Arc<LockPool>> {
-    let affine = std::env::var("LOCKS_SHAPE").is_ok_and(|shape| shape == "affine");
     let locks = {
         let _entered = runtime()?.enter();
-        Arc::new(if affine { LockPool::thread_affine(settings)? } else { LockPool::new(settings)? })
+        Arc::new(LockPool::new(settings)?)
     };
-    AFFINE.store(affine, Ordering::Release);
     let previous = {
         let mut current = CURRENT.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         current.replace(locks.clone())

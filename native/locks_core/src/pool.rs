@@ -1,11 +1,10 @@
 //! [`LockPool`]: a pool of connections and the statements; [`LockPool::run`] sends a job's one statement.
 
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use once_cell::sync::OnceCell;
-use tokio::runtime::Runtime;
 use tokio_postgres::types::{FromSql, ToSql};
 use tokio_postgres::Row;
 
@@ -47,9 +46,6 @@ impl Deadline {
 /// that times out or loses its connection never hands it on (`discard`).
 pub struct LockPool {
     pool: managed::Pool<Manager>,
-    /// Prototype of issue 20's shape (a): when set, the connections are
-    /// these, each with a runtime of its own, and `pool` is never used.
-    affine: Option<Affine>,
     connector: Connector,
     settings: Settings,
     statements: OnceCell<Arc<Statements>>,
@@ -87,23 +83,7 @@ impl LockPool {
             .max_size(settings.pool_size)
             .build()
             .map_err(|e| Error::config("pool_size", e.to_string()))?;
-        Ok(LockPool { pool, affine: None, connector, settings, statements: OnceCell::new() })
-    }
-
-    /// The prototype of shape (a), thread-affine (issue 20): each connection
-    /// owns a current-thread runtime, and a call that checks one out drives
-    /// that runtime on its own (dirty) thread, with no shared runtime to take
-    /// turns at. Run its calls with [`crate::global::block_on`] after
-    /// `global::start` picked this shape, never inside another runtime.
-    pub fn thread_affine(settings: Settings) -> Result<Self> {
-        let mut pool = Self::new(settings)?;
-        pool.affine = Some(Affine::new(pool.settings.pool_size));
-        Ok(pool)
-    }
-
-    /// Whether this pool is the thread-affine prototype.
-    pub fn is_thread_affine(&self) -> bool {
-        self.affine.is_some()
+        Ok(LockPool { pool, connector, settings, statements: OnceCell::new() })
     }
 
     /// The settings this pool was built from.
@@ -115,9 +95,6 @@ impl LockPool {
     /// later call fails with [`Error::NotStarted`].
     pub fn close(&self) {
         self.pool.close();
-        if let Some(affine) = &self.affine {
-            affine.close();
-        }
     }
 
     /// Runs the statement of `def` with `params` on a pooled connection; its rows.
@@ -127,9 +104,6 @@ impl LockPool {
         def: &Def,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>> {
-        if let Some(affine) = &self.affine {
-            return self.query_affine(affine, deadline, def, params);
-        }
         let mut held = None;
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = held.insert(self.checkout().await?);
@@ -218,48 +192,6 @@ impl LockPool {
         Ok(self.statements.get_or_init(|| statements).clone())
     }
 
-    /// [`LockPool::query`] for the thread-affine prototype: checks a
-    /// connection out, drives its runtime on this thread for the statement,
-    /// and gives it back or discards it, as `query` does. Blocks: called from
-    /// inside a future only by `global::block_on`'s plain executor.
-    fn query_affine(
-        &self,
-        affine: &Affine,
-        deadline: Deadline,
-        def: &Def,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<Row>> {
-        let mut owned = affine.checkout(&self.connector, deadline)?;
-        let Owned { conn, runtime } = &mut owned;
-        let answer = runtime.block_on(async {
-            tokio::time::timeout_at(deadline.at.into(), async {
-                let statements = self.statements(conn).await?;
-                let statement = statements.get(def).ok_or_else(|| unexpected(def.name.into()))?;
-                loop {
-                    match run(conn, self.settings.prepare, statement, params).await {
-                        Err(err) if err.is_retryable() => continue,
-                        answer => return answer,
-                    }
-                }
-            })
-            .await
-        });
-        match answer {
-            Ok(Err(err)) if err.lost_connection() => {
-                affine.discard(&self.connector, owned, false);
-                Err(err)
-            }
-            Ok(answer) => {
-                affine.checkin(owned);
-                answer
-            }
-            Err(_elapsed) => {
-                affine.discard(&self.connector, owned, true);
-                Err(Error::Timeout(deadline.budget))
-            }
-        }
-    }
-
     /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
     /// each one does, `sql.rs` for how); its answer.
     pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
@@ -269,206 +201,18 @@ impl LockPool {
 
     /// Connections in the pool, and those of them idle.
     pub fn connections(&self) -> (usize, usize) {
-        if let Some(affine) = &self.affine {
-            let state = affine.lock();
-            return (state.size, state.idle.len());
-        }
         let status = self.pool.status();
         (status.size, status.available)
     }
 
     /// Runs DDL text (from [`crate::schema`]) as one simple-protocol batch.
     pub async fn run_ddl(&self, deadline: Deadline, ddl: &str) -> Result<()> {
-        if let Some(affine) = &self.affine {
-            let owned = affine.checkout(&self.connector, deadline)?;
-            let answer = owned.runtime.block_on(async {
-                let batch = owned.conn.client.batch_execute(ddl);
-                match tokio::time::timeout_at(deadline.at.into(), batch).await {
-                    Ok(done) => done.map_err(|e| Error::in_flight(&e)),
-                    Err(_elapsed) => Err(Error::Timeout(deadline.budget)),
-                }
-            });
-            match answer {
-                Ok(()) => affine.checkin(owned),
-                Err(_) => affine.discard(&self.connector, owned, true),
-            }
-            return answer;
-        }
         let answer = tokio::time::timeout_at(deadline.at.into(), async {
             let conn = self.checkout().await?;
             conn.client.batch_execute(ddl).await.map_err(|e| Error::in_flight(&e))
         })
         .await;
         answer.unwrap_or(Err(Error::Timeout(deadline.budget)))
-    }
-}
-
-/// The thread-affine prototype's connections: a free list under a mutex,
-/// at most `max`, each with the runtime that drives it. The admission gate
-/// lets in at most `max` calls, so a checkout rarely waits.
-struct Affine {
-    max: usize,
-    state: Mutex<AffineState>,
-    freed: Condvar,
-}
-
-struct AffineState {
-    /// Connections open, idle or checked out.
-    size: usize,
-    idle: Vec<Owned>,
-    closed: bool,
-}
-
-/// A connection and its runtime: its task (the socket) runs only while a
-/// call drives the runtime, in [`LockPool::query_affine`].
-struct Owned {
-    conn: Conn,
-    runtime: Runtime,
-}
-
-impl Owned {
-    /// Closes the connection and drops its task (so its socket) at once,
-    /// without waiting for the runtime's blocking threads (a host-name lookup).
-    fn close(self) {
-        let Owned { conn, runtime } = self;
-        drop(conn);
-        runtime.shutdown_background();
-    }
-}
-
-impl Affine {
-    fn new(max: usize) -> Self {
-        Affine {
-            max,
-            state: Mutex::new(AffineState { size: 0, idle: Vec::new(), closed: false }),
-            freed: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, AffineState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// An idle connection whose server has not closed it (its runtime is
-    /// caught up first, as `global::block_on` catches up the shared one), or
-    /// a new one while fewer than `max` are open; else waits for one until
-    /// `deadline`.
-    fn checkout(&self, connector: &Connector, deadline: Deadline) -> Result<Owned> {
-        loop {
-            let mut state = self.lock();
-            let idle = loop {
-                if state.closed {
-                    return Err(Error::NotStarted);
-                }
-                if let Some(owned) = state.idle.pop() {
-                    break Some(owned);
-                }
-                if state.size < self.max {
-                    state.size += 1;
-                    break None;
-                }
-                let left = deadline.at.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Error::Timeout(deadline.budget));
-                }
-                state = self
-                    .freed
-                    .wait_timeout(state, left)
-                    .map_or_else(|poisoned| poisoned.into_inner().0, |(state, _)| state);
-            };
-            drop(state);
-            match idle {
-                Some(owned) => {
-                    owned.runtime.block_on(crate::global::catch_up());
-                    if !owned.conn.client.is_closed() {
-                        return Ok(owned);
-                    }
-                    self.forget(owned);
-                }
-                None => return self.open(connector, deadline),
-            }
-        }
-    }
-
-    /// A new connection on a runtime of its own, within `deadline`; its
-    /// place (counted by `checkout`) is given back if it cannot be opened.
-    fn open(&self, connector: &Connector, deadline: Deadline) -> Result<Owned> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| Error::Connect(format!("cannot start a tokio runtime: {e}")));
-        let opened = runtime.and_then(|runtime| {
-            let conn = runtime.block_on(async {
-                match tokio::time::timeout_at(deadline.at.into(), connector.open()).await {
-                    Ok(opened) => opened,
-                    Err(_elapsed) => Err(Error::Timeout(deadline.budget)),
-                }
-            });
-            match conn {
-                Ok(conn) => Ok(Owned { conn, runtime }),
-                Err(err) => {
-                    runtime.shutdown_background();
-                    Err(err)
-                }
-            }
-        });
-        if opened.is_err() {
-            self.lock().size -= 1;
-            self.freed.notify_one();
-        }
-        opened
-    }
-
-    fn checkin(&self, owned: Owned) {
-        let mut state = self.lock();
-        if state.closed {
-            state.size -= 1;
-            drop(state);
-            owned.close();
-        } else {
-            state.idle.push(owned);
-            drop(state);
-        }
-        self.freed.notify_one();
-    }
-
-    /// Closes a connection that is no longer counted as open.
-    fn forget(&self, owned: Owned) {
-        self.lock().size -= 1;
-        self.freed.notify_one();
-        owned.close();
-    }
-
-    /// `LockPool::discard` for this shape: the connection, then the idle
-    /// ones that have not heard from the server since its statement was sent.
-    fn discard(&self, connector: &Connector, owned: Owned, cancel: bool) {
-        let sent = owned.conn.sent;
-        if cancel {
-            connector.cancel_in_background(owned.conn.client.cancel_token());
-        }
-        let doubtful: Vec<Owned> = {
-            let mut state = self.lock();
-            let (keep, doubtful) = std::mem::take(&mut state.idle)
-                .into_iter()
-                .partition(|idle: &Owned| idle.conn.answered > sent);
-            state.idle = keep;
-            state.size -= 1 + doubtful.len();
-            doubtful
-        };
-        self.freed.notify_all();
-        owned.close();
-        doubtful.into_iter().for_each(Owned::close);
-    }
-
-    fn close(&self) {
-        let idle = {
-            let mut state = self.lock();
-            state.closed = true;
-            state.size -= state.idle.len();
-            std::mem::take(&mut state.idle)
-        };
-        self.freed.notify_all();
-        idle.into_iter().for_each(Owned::close);
     }
 }
 
