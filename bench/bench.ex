@@ -46,13 +46,29 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   cannot build strings, so each client fetches its values once with
   `\\gset` in its first transaction (left out of the latency figures).
 
+  With `peer: :postgrex` (`--peer postgrex`, from a host app that has
+  Postgrex: `Bench.Peer`) the same statements also run through Postgrex,
+  with the same pool size, statements prepared once and
+  `Postgrex.execute/4` from the same N processes, timed as the library is,
+  in the same runs; the report then has library ÷ Postgrex ratios of
+  throughput and of the VM's CPU per statement.
+
   `run/1` returns `{:ok, report}` (the markdown it also prints and writes)
   or `{:error, message}`; raising is the Mix task's business.
   """
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Config, Native, Schema}
-  alias PhoenixKitAgent.Turns.Locks.Bench.{CPU, Histogram, Probe, Psql, StatementCounter, Wire}
+
+  alias PhoenixKitAgent.Turns.Locks.Bench.{
+    CPU,
+    Histogram,
+    Peer,
+    Probe,
+    Psql,
+    StatementCounter,
+    Wire
+  }
 
   defmodule Failure do
     @moduledoc false
@@ -86,7 +102,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   @doc """
   Runs the benchmark. `opts`: `:duration` (s), `:warmup` (ms), `:workloads`
   (names), `:runs`, `:out` (markdown path), `:cycle_callers` (list),
-  `:pool_size` (nil: the configured one).
+  `:pool_size` (nil: the configured one), `:peer` (`nil` or `:postgrex`).
   """
   @spec run(keyword()) :: {:ok, String.t()} | {:error, String.t()}
   def run(opts) do
@@ -100,6 +116,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       rescue
         e in [Failure, Locks.Error] -> {:error, Exception.message(e)}
       after
+        with %{} = peer <- Process.delete(:locks_bench_peer), do: Peer.stop(peer)
         File.rm_rf(tmp)
         # The configured pool back, as the application started it.
         Native.start(config)
@@ -140,10 +157,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     runs =
       for run <- 1..ctx.runs do
         info("run #{run}/#{ctx.runs}")
-        # Alternate which side goes first, so neither always meets the
-        # other's dead tuples or a warmer cache.
-        order = if rem(run, 2) == 1, do: [:library, :pgbench], else: [:pgbench, :library]
-        for spec <- cases(ctx), do: run_case(ctx, spec, order)
+        for spec <- cases(ctx), do: run_case(ctx, spec, order(ctx, run))
       end
 
     report = report(ctx, runs, statements, overhead)
@@ -152,6 +166,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     File.write!(ctx.out, report)
     info("written to #{ctx.out}")
     report
+  end
+
+  # Alternate which side goes first, so neither always meets the other's
+  # dead tuples or a warmer cache; with a peer, each side goes first in turn.
+  # `--order` shifts the turn, for runs alternated across invocations.
+  defp order(%{peer: nil} = ctx, run),
+    do: if(rem(run + ctx.order, 2) == 1, do: [:library, :pgbench], else: [:pgbench, :library])
+
+  defp order(ctx, run) do
+    sides = [:library, :postgrex, :pgbench]
+    shift = rem(run - 1 + ctx.order, 3)
+    Enum.drop(sides, shift) ++ Enum.take(sides, shift)
   end
 
   ## Setup
@@ -170,6 +196,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       out: opts[:out],
       workloads: opts[:workloads],
       cycle_callers: opts[:cycle_callers],
+      order: opts[:order] || 0,
       pgbench: pgbench,
       shell: System.find_executable("bash"),
       tmp: tmp,
@@ -190,9 +217,28 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       "INSERT INTO #{ctx.users} (user_uuid) VALUES #{Enum.join(values.("user"), ",")} ON CONFLICT DO NOTHING"
     ])
 
-    ctx
-    |> Map.put(:server, psql!(ctx, ["SHOW server_version"]) |> hd() |> hd())
-    |> Map.put(:stmts, statement_texts(ctx))
+    ctx =
+      ctx
+      |> Map.put(:server, psql!(ctx, ["SHOW server_version"]) |> hd() |> hd())
+      |> Map.put(:stmts, statement_texts(ctx))
+
+    Map.put(ctx, :peer, peer(ctx, opts[:peer]))
+  end
+
+  # The peer's pool, kept in the process dictionary for run/1 to stop.
+  defp peer(_ctx, nil), do: nil
+
+  defp peer(ctx, :postgrex) do
+    info("Postgrex: pool of #{ctx.options.pool_size}, statements prepared once")
+
+    case Peer.start(ctx.options, ctx.options.pool_size, ctx.stmts) do
+      {:ok, peer} ->
+        Process.put(:locks_bench_peer, peer)
+        peer
+
+      {:error, why} ->
+        fail(why)
+    end
   end
 
   defp qualified(name), do: ~s("#{@schema}".#{name})
@@ -248,6 +294,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   defp user(ns, k), do: uuid("bench/#{ns}/user/#{k}")
   defp ref(ns, k), do: "bench-#{ns}-#{k}"
   defp click(ns, k), do: "click:" <> md5("bench/#{ns}/click/#{k}")
+
+  # A uuid as Postgrex takes it: its 16 bytes.
+  defp bin(uuid), do: Base.decode16!(String.replace(uuid, "-", ""), case: :lower)
 
   defp md5(text), do: Base.encode16(:crypto.hash(:md5, text), case: :lower)
 
@@ -306,6 +355,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
                 2
               end
             end,
+            peer: fn p, k ->
+              {c, u, r} = {bin(chat("cycle", k)), bin(user("cycle", k)), ref("cycle", k)}
+
+              fn ->
+                [[true, _]] = Peer.execute(p, "acquire", [c, u, r, @ttl])
+                _ = Peer.execute(p, "release", [c, u, r])
+                2
+              end
+            end,
             script:
               pg_init("cycle", ":client_id") <> pg_sql(ctx, "acquire") <> pg_sql(ctx, "release"),
             reference: pg_init("cycle", ":client_id") <> transaction_cycle(ctx)
@@ -332,6 +390,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
                     2
 
                   {:error, :conversation_busy} ->
+                    1
+                end
+              end
+            end,
+            peer: fn p, k ->
+              {c, u, r} = {bin(chat("hot", 0)), bin(user("hot", k)), ref("hot", k)}
+
+              fn ->
+                case Peer.execute(p, "acquire", [c, u, r, @ttl]) do
+                  [[true, _]] ->
+                    _ = Peer.execute(p, "release", [c, u, r])
+                    2
+
+                  [[false, _]] ->
                     1
                 end
               end
@@ -368,6 +440,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
                 2
               end
             end,
+            peer: fn p, k ->
+              {c, u, r} = {bin(chat("reads", k)), bin(user("reads", k)), ref("reads", k)}
+
+              fn ->
+                [[true]] = Peer.execute(p, "held?", [c, u, r])
+                [[true]] = Peer.execute(p, "fresh?", [c, r, @ttl])
+                2
+              end
+            end,
             script:
               pg_init("reads", ":client_id") <> pg_sql(ctx, "held?") <> pg_sql(ctx, "fresh?")
           }
@@ -390,6 +471,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
                 :ok = Locks.acquire_user(u, cl, @ttl, @hold)
                 true = Locks.keep_user(u, cl, @ttl, @hold)
                 :ok = Locks.release_user(u, cl)
+                3
+              end
+            end,
+            peer: fn p, k ->
+              {u, cl} = {bin(user("click", k)), click("click", k)}
+
+              fn ->
+                [[^cl]] = Peer.execute(p, "acquire_user", [u, cl, @ttl, @hold])
+                [_] = Peer.execute(p, "keep_user", [u, cl, @ttl, @hold])
+                _ = Peer.execute(p, "release_user", [u, cl])
                 3
               end
             end,
@@ -449,6 +540,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           if spec[:before], do: spec.before.()
           info("  #{label}: pgbench")
           {:pgbench, run_pgbench(ctx, spec.script, spec.callers)}
+
+        :postgrex ->
+          reset!(ctx)
+          if spec[:before], do: spec.before.()
+          info("  #{label}: Postgrex")
+          {:postgrex, run_library(ctx, %{spec | op: &spec.peer.(ctx.peer, &1)})}
       end)
 
     reference =
@@ -460,7 +557,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     Map.merge(spec, results)
     |> Map.put(:reference, reference)
-    |> Map.drop([:op, :before, :script])
+    |> Map.drop([:op, :peer, :before, :script])
   end
 
   ## The library side
@@ -857,6 +954,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       [header] ++
         tables ++
         targets(if(runs == [], do: [], else: median(runs)), statements) ++
+        peer_section(ctx, runs) ++
         statements_section(statements) ++ overhead_section(overhead),
       "\n"
     )
@@ -947,7 +1045,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       cases = Tuple.to_list(cases)
       first = hd(cases)
 
-      Enum.reduce([:library, :pgbench, :reference], first, fn side, acc ->
+      Enum.reduce([:library, :postgrex, :pgbench, :reference], first, fn side, acc ->
         if first[side] do
           sides = Enum.map(cases, & &1[side])
 
@@ -957,7 +1055,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
             end)
 
           merged =
-            if side == :library,
+            if side in [:library, :postgrex],
               do:
                 Map.merge(merged, %{
                   probe: %{p99: med(Enum.map(sides, & &1.probe.p99))},
@@ -1018,6 +1116,109 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   end
 
   defp r(c), do: c.library.ops / c.pgbench.ops
+
+  # Library ÷ Postgrex, run by run: the median and the range of each ratio,
+  # and the targets of issue 20.
+  defp peer_section(%{peer: nil}, _runs), do: []
+  defp peer_section(_ctx, []), do: []
+
+  defp peer_section(_ctx, runs) do
+    per_case = runs |> Enum.zip() |> Enum.map(&Tuple.to_list/1)
+
+    ratios =
+      for cases <- per_case do
+        c = hd(cases)
+
+        %{
+          id: c.id,
+          callers: c.callers,
+          ops: Enum.map(cases, &(&1.library.ops / &1.postgrex.ops)),
+          cpu: Enum.map(cases, &cpu_ratio(&1.library.cpu_call, &1.postgrex.cpu_call)),
+          lib_cpu: med(Enum.map(cases, & &1.library.cpu_call)),
+          peer_cpu: med(Enum.map(cases, & &1.postgrex.cpu_call)),
+          lib_ops: med(Enum.map(cases, & &1.library.ops)),
+          peer_ops: med(Enum.map(cases, & &1.postgrex.ops)),
+          p50:
+            Enum.map([:library, :postgrex, :pgbench], fn s ->
+              med(Enum.map(cases, & &1[s].p50))
+            end),
+          dp50: Enum.map(cases, &(&1.library.p50 - &1.pgbench.p50))
+        }
+      end
+
+    rows =
+      for r <- ratios do
+        [lp, pp, gp] = r.p50
+
+        "| #{r.id} | #{r.callers} | #{fmt(r.lib_ops)} | #{fmt(r.peer_ops)} | #{spread(r.ops)} " <>
+          "| #{fmt(r.lib_cpu, 1)} | #{fmt(r.peer_cpu, 1)} | #{spread(r.cpu)} " <>
+          "| #{fmt(lp)} / #{fmt(pp)} / #{fmt(gp)} | #{spread(r.dp50, 0)} |"
+      end
+
+    find = fn id, n -> Enum.find(ratios, &(&1.id == id and &1.callers == n)) end
+
+    targets =
+      for {id, n} <- [{"cycle", 10}, {"cycle", 50}, {"reads", 10}],
+          r = find.(id, n),
+          {ok, text} <- [
+            {med(r.ops) >= 1.3,
+             "#{id} ×#{n} throughput ≥ 1.3× Postgrex's: #{fmt(med(r.ops), 2)}"},
+            {med(r.cpu) && med(r.cpu) <= 0.6,
+             "#{id} ×#{n} VM CPU per statement ≤ 0.6× Postgrex's: #{fmt(med(r.cpu), 2)}"}
+          ],
+          do: "| #{text} | #{if ok, do: "met", else: "**missed**"} |"
+
+    p50_target =
+      case find.("cycle", 1) do
+        nil ->
+          []
+
+        r ->
+          d = med(r.dp50)
+
+          [
+            "| cycle ×1 p50 within 20 µs of pgbench: #{fmt(d)} µs | #{if d <= 20, do: "met", else: "**missed**"} |"
+          ]
+      end
+
+    [
+      """
+      ## Against Postgrex
+
+      The same statements through Postgrex (statements prepared once,
+      `Postgrex.execute/4` from the same N processes, a pool of the same size),
+      timed as the library is, in the same runs. Ratios are library ÷ Postgrex,
+      run by run: the median, then the range over #{length(runs)} run(s). CPU is
+      the VM's per statement (every BEAM thread's utime + stime). p50 is of an op.
+
+      | workload | callers | library ops/s | Postgrex ops/s | throughput ratio | library CPU µs/statement | Postgrex CPU µs/statement | CPU ratio | p50 µs library / Postgrex / pgbench | Δp50 library − pgbench µs |
+      |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|
+      #{Enum.join(rows, "\n")}
+
+      | target (issue 20, medians) | |
+      |---|---|
+      #{Enum.join(targets ++ p50_target, "\n")}
+      """
+    ]
+  end
+
+  defp cpu_ratio(a, b) when is_number(a) and is_number(b) and b > 0, do: a / b
+  defp cpu_ratio(_, _), do: nil
+
+  # "median (min–max)" of a list of figures.
+  defp spread(values, decimals \\ 2) do
+    case Enum.reject(values, &is_nil/1) do
+      [] ->
+        "–"
+
+      [one] ->
+        fmt(one, decimals)
+
+      vs ->
+        "#{fmt(med(vs), decimals)} (#{fmt(Enum.min(vs), decimals)}–#{fmt(Enum.max(vs), decimals)})"
+    end
+  end
+
   defp d(c), do: c.library.p50 - c.pgbench.p50
 
   defp statements_section(nil), do: []

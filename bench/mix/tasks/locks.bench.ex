@@ -13,6 +13,17 @@ defmodule Mix.Tasks.Locks.Bench do
       mix locks.bench --duration 10 --runs 3 --out bench/results.md
       mix locks.bench --quick --workloads cycle,reads
       mix locks.bench --workloads cycle --cycle-callers 50 --pool-size 6
+      mix locks.bench --peer postgrex --workloads cycle,reads --runs 5
+
+  With `--peer postgrex` the same statements also run through Postgrex
+  (statements prepared once, `Postgrex.execute/4` from the same N
+  processes, a pool of the same size) in the same runs, and the report
+  adds library ÷ Postgrex ratios of throughput and of the VM's CPU per
+  statement, with the targets of issue 20. The project has no hex
+  dependency, so Postgrex is there only when the bench runs from a host
+  app that has it, with this library as a dependency compiled in :dev
+  (`{:phoenix_kit_agent_locks, path: "…", env: :dev}`); without it the task
+  says so and measures nothing.
 
   The task is the project's own: it lives in `bench/`, compiled in `:dev`
   and `:test` only, never into a host's release.
@@ -69,6 +80,10 @@ defmodule Mix.Tasks.Locks.Bench do
     * `--pool-size` - the pool's size (and so the most calls that run at
       once) for this run, instead of the configured one. Defaults to the
       configuration's (dirty-I/O schedulers − 2 unless set).
+    * `--peer` - `postgrex`: also run the statements through Postgrex (see
+      above).
+    * `--order` - shifts which side goes first in each run (they take
+      turns), for runs alternated across invocations. Defaults to 0.
     * `--quick` - 1 second per run and 300 ms of warm-up, for a smoke run.
     * `--out` - the markdown file. Defaults to `bench/results.md`.
   """
@@ -76,6 +91,7 @@ defmodule Mix.Tasks.Locks.Bench do
   use Mix.Task
 
   alias PhoenixKitAgent.Turns.Locks.Bench
+  alias PhoenixKitAgent.Turns.Locks.Bench.Peer
   alias PhoenixKitAgent.Turns.Locks.Config
 
   @switches [
@@ -85,6 +101,8 @@ defmodule Mix.Tasks.Locks.Bench do
     workloads: :string,
     cycle_callers: :string,
     pool_size: :integer,
+    peer: :string,
+    order: :integer,
     quick: :boolean,
     out: :string
   ]
@@ -107,6 +125,12 @@ defmodule Mix.Tasks.Locks.Bench do
 
     pool_size = if opts[:pool_size], do: pool_size(opts[:pool_size])
 
+    peer =
+      case Peer.check(opts[:peer]) do
+        {:ok, peer} -> peer
+        {:error, message} -> Mix.raise("locks.bench: --peer: " <> message)
+      end
+
     opts = [
       duration: positive(opts, :duration, if(quick, do: 1, else: 5)),
       warmup: positive(opts, :warmup, if(quick, do: 300, else: 1000)),
@@ -114,6 +138,8 @@ defmodule Mix.Tasks.Locks.Bench do
       workloads: workloads,
       cycle_callers: opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&caller_count/1),
       pool_size: pool_size,
+      peer: peer,
+      order: opts[:order] || 0,
       out: opts[:out] || "bench/results.md"
     ]
 
