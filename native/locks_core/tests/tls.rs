@@ -4,9 +4,10 @@
 //! TCP connection without TLS, so a call that succeeds went over TLS.
 //!
 //! The shared cluster of the other tests (`_build/pg`) is never touched. The
-//! TLS cluster is set up once (certificates, `ssl = on`, a restart) and left
-//! running for the next run, like the shared one; `LOCKS_PG_DIR=$PWD/_build/pg-tls
-//! scripts/pg stop` stops it.
+//! TLS cluster is set up once (certificates, `ssl = on`, a restart) and, run
+//! alone, left running for the next run, like the shared one
+//! (`LOCKS_PG_DIR=$PWD/_build/pg-tls scripts/pg stop` stops it); `scripts/test`
+//! stops it at its end with every other cluster of its run (`scripts/servers`).
 //!
 //! The server certificate is for `localhost` only: reached as `127.0.0.1`,
 //! the same server shows what `verify_full` checks that `verify_ca` does not.
