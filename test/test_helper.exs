@@ -1,5 +1,6 @@
 # The tests run against a real PostgreSQL: DATABASE_URL, or else the project's
-# private cluster (scripts/pg), started here and left running for the next run.
+# private cluster (scripts/pg), started here and left running for the next run
+# (scripts/test starts and stops it itself, with every cluster of its run).
 #
 # LOCKS_TEST_VIA says how the library reaches it:
 #

@@ -23,6 +23,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
   @impl true
   def clean do
+    # The library and its stamp.
     File.rm_rf(Path.join(Mix.Project.app_path(), "priv/native"))
     :ok
   end
@@ -54,16 +55,34 @@ defmodule Mix.Tasks.Compile.LocksNif do
     do: Mix.raise("#{@build_env}=#{other}: expected 1 or true (build from source), 0 or false")
 
   @doc false
-  # Installs the library at `dest` as `settings` say. Public for the tests.
+  # Installs the library at `dest` as `settings` say, or does nothing, silently,
+  # when the stamp beside it says it is current. Public for the tests.
   def compile(%{build: {:source, why}} = settings, dest) do
-    if why, do: Mix.shell().info("locks_nif: building from source (#{why})")
-    from_source(settings, dest)
+    if current?(dest, [source_stamp(settings)]) do
+      noop()
+    else
+      if why, do: Mix.shell().info("locks_nif: building from source (#{why})")
+      from_source(settings, dest)
+    end
   end
 
   def compile(%{build: :prebuilt, prebuilt: prebuilt} = settings, dest) do
+    # A source build of the same sources is as good as the listed artifact.
+    listed =
+      case Prebuilt.expected(prebuilt) do
+        {:ok, artifact, checksum} -> [prebuilt_stamp(artifact, checksum)]
+        {:error, _} -> []
+      end
+
+    if current?(dest, [source_stamp(settings) | listed]),
+      do: noop(),
+      else: from_prebuilt(settings, dest)
+  end
+
+  defp from_prebuilt(%{prebuilt: prebuilt} = settings, dest) do
     case Prebuilt.fetch(prebuilt) do
-      {:ok, library, artifact, from} ->
-        with {:ok, []} <- install(library, dest) do
+      {:ok, library, artifact, from, checksum} ->
+        with {:ok, []} <- install(library, dest, prebuilt_stamp(artifact, checksum)) do
           Mix.shell().info("locks_nif: installed #{artifact} from #{from} (SHA-256 as listed)")
           {:ok, []}
         end
@@ -80,10 +99,18 @@ defmodule Mix.Tasks.Compile.LocksNif do
     end
   end
 
-  defp from_source(%{cargo: nil}, _dest),
-    do: error("cargo not found: install Rust (rustup) or put cargo on PATH")
+  defp from_source(%{cargo: nil}, dest) do
+    state = if File.exists?(dest), do: "was built from other sources", else: "is missing"
+
+    error(
+      "cargo not found on PATH or in ~/.cargo/bin, and #{dest} #{state}: " <>
+        "install Rust (https://rustup.rs) so that cargo is on PATH"
+    )
+  end
 
   defp from_source(settings, dest) do
+    # Hashed before cargo reads them: a file changed meanwhile rebuilds next time.
+    stamp = source_stamp(settings)
     release = if settings.profile == "release", do: ["--release"], else: []
     args = ["build", "--package", "locks_nif", "--locked"] ++ release
     opts = [cd: settings.root, stderr_to_stdout: true, into: IO.stream(:stdio, :line)]
@@ -92,25 +119,86 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
     with {_, 0} <- System.cmd(settings.cargo, args, opts),
          built when built != nil <- Enum.find(libraries, &File.exists?/1) do
-      install(File.read!(built), dest)
+      install(File.read!(built), dest, stamp)
     else
       {_, status} -> error("cargo build failed (exit #{status})")
       nil -> error("cargo built no liblocks_nif in #{dir}")
     end
   end
 
+  ## The stamp: what the installed library was made from
+
+  # `liblocks_nif.so.stamp` beside the library names what it was installed
+  # from (the SHA-256 of the Rust sources and the profile, or the listed
+  # artifact and its checksum) and the SHA-256 of the library itself. While
+  # both still hold, compiling again runs no cargo, downloads nothing and
+  # prints nothing (README, "Install in a Phoenix host").
+  defp stamp_path(dest), do: dest <> ".stamp"
+  defp stamp(from, library), do: "#{from}\nlibrary #{Prebuilt.checksum(library)}\n"
+
+  defp source_stamp(settings),
+    do: "sources #{sources_checksum(settings.root)} #{settings.profile}"
+
+  defp prebuilt_stamp(artifact, checksum), do: "prebuilt #{artifact} #{checksum}"
+
+  defp current?(dest, froms) do
+    with {:ok, stamp} <- File.read(stamp_path(dest)),
+         {:ok, library} <- File.read(dest) do
+      stamp in Enum.map(froms, &stamp(&1, library))
+    else
+      _ -> false
+    end
+  end
+
+  defp noop do
+    reload_stub()
+    {:noop, []}
+  end
+
+  @doc false
+  # The SHA-256 of what cargo builds the library from: every file under
+  # native/ (but a target/ directory), the workspace's Cargo.toml and
+  # Cargo.lock, .cargo/config.toml and a rust-toolchain file, by relative
+  # path and content. Public for its test.
+  def sources_checksum(root) do
+    workspace = ~w(Cargo.toml Cargo.lock .cargo/config.toml rust-toolchain rust-toolchain.toml)
+
+    root
+    |> Path.join("native/**")
+    |> Path.wildcard(match_dot: true)
+    |> Enum.map(&Path.relative_to(&1, root))
+    |> Enum.reject(&("target" in Path.split(&1)))
+    |> Enum.concat(workspace)
+    |> Enum.filter(&File.regular?(Path.join(root, &1)))
+    |> Enum.sort()
+    |> Enum.reduce(:crypto.hash_init(:sha256), fn path, hash ->
+      content = File.read!(Path.join(root, path))
+      :crypto.hash_update(hash, [path, 0, Integer.to_string(byte_size(content)), 0, content])
+    end)
+    |> :crypto.hash_final()
+    |> then(&("sha256:" <> Base.encode16(&1, case: :lower)))
+  end
+
   @doc false
   # Public for its test. Never into the installed file: a VM that loaded it
   # maps it, and would crash; renamed over, it lives on while a VM maps it.
-  def install(library, dest) do
-    with false <- File.read(dest) == {:ok, library},
-         :ok <- Prebuilt.write_beside(dest, library) do
-      reload_stub()
-      {:ok, []}
-    else
-      true -> {:noop, []}
-      {:error, reason} -> error("cannot install #{dest}: #{:file.format_error(reason)}")
-    end
+  # With `from`, the stamp is written after the library (best effort: a stamp
+  # that cannot be written costs a cargo run next time).
+  def install(library, dest, from \\ nil) do
+    result =
+      with false <- File.read(dest) == {:ok, library},
+           :ok <- Prebuilt.write_beside(dest, library) do
+        reload_stub()
+        {:ok, []}
+      else
+        true -> {:noop, []}
+        {:error, reason} -> error("cannot install #{dest}: #{:file.format_error(reason)}")
+      end
+
+    with {_, []} when from != nil <- result,
+         do: Prebuilt.write_beside(stamp_path(dest), stamp(from, library))
+
+    result
   end
 
   # The first compile loads the stub before the library exists: load it again so

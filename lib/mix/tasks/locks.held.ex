@@ -8,6 +8,11 @@ defmodule Mix.Tasks.Locks.Held do
 
       mix locks.held            # stale: older than 120 s
       mix locks.held --ttl 900  # the TTL your turns use
+
+  Starts the library alone (not the host's applications) on the host's
+  configuration. An ordinary error (nothing configured, a bad setting or
+  `--ttl`, a database that refuses or cannot be reached) stops it with one
+  line that says what to set or fix, and no stack trace.
   """
 
   use Mix.Task
@@ -15,9 +20,23 @@ defmodule Mix.Tasks.Locks.Held do
   @impl true
   def run(args) do
     {opts, _} = OptionParser.parse!(args, strict: [ttl: :integer])
-    Mix.Task.run("app.start")
+    Mix.Tasks.Locks.Task.run("mix locks.held", fn -> print(Keyword.get(opts, :ttl, 120)) end)
+  end
 
-    case PhoenixKitAgent.Turns.Locks.held_locks(Keyword.get(opts, :ttl, 120)) do
+  defp print(ttl) do
+    locks =
+      try do
+        PhoenixKitAgent.Turns.Locks.held_locks(ttl)
+      rescue
+        # Its one argument: "invalid ttl_s: expected …, got: 0".
+        error in ArgumentError ->
+          Mix.raise(
+            "mix locks.held: --ttl: " <>
+              String.replace_prefix(error.message, "invalid ttl_s: ", "")
+          )
+      end
+
+    case locks do
       [] -> Mix.shell().info("no lock is taken")
       locks -> Mix.shell().info(table(locks))
     end

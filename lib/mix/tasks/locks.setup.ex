@@ -2,10 +2,13 @@ defmodule Mix.Tasks.Locks.Setup do
   @shortdoc "Creates the lock tables (or adds the lock columns) in the configured database"
   @moduledoc """
   Applies the idempotent DDL of `PhoenixKitAgent.Turns.Locks.Schema` to the
-  database the library is configured for (`:url` or `DATABASE_URL`).
+  database the library is configured for (`repo:`, `url:` or `DATABASE_URL`).
 
       mix locks.setup                 # both tables, if missing
       mix locks.setup --lock-columns  # only the lock columns, for existing tables
+
+  Like `mix locks.held`, it starts the library alone, and stops an ordinary
+  error with one line that says what to set or fix.
   """
 
   use Mix.Task
@@ -15,8 +18,9 @@ defmodule Mix.Tasks.Locks.Setup do
     {opts, _} = OptionParser.parse!(args, strict: [lock_columns: :boolean])
     kind = if opts[:lock_columns], do: :lock_columns, else: :tables
 
-    Mix.Task.run("app.start")
-    :ok = PhoenixKitAgent.Turns.Locks.Schema.setup!(kind)
-    Mix.shell().info("phoenix_kit_agent_locks: applied #{kind} DDL")
+    Mix.Tasks.Locks.Task.run("mix locks.setup", fn ->
+      :ok = PhoenixKitAgent.Turns.Locks.Schema.setup!(kind)
+      Mix.shell().info("phoenix_kit_agent_locks: applied #{kind} DDL")
+    end)
   end
 end

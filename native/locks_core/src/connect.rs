@@ -15,7 +15,10 @@
 //!   the pool closes, with nothing in flight worth delivering.
 //!
 //! No startup options are sent (PgBouncer refuses them) and no session
-//! setting is assumed (see `sql.rs`). While connections fail, attempts are
+//! setting is assumed (see `sql.rs`). Every connect error names the server
+//! first (`database connection failed: 127.0.0.1:5432: …`, or the socket's
+//! path), whatever the cause: the socket, TLS, the login, or the connect
+//! timeout (a black-holed peer). While connections fail, attempts are
 //! spaced by a capped, jittered [`Backoff`]: a call that would open one
 //! meanwhile fails at once with the last error.
 
@@ -67,6 +70,8 @@ pub(crate) struct Connector {
     tls: MakeRustlsConnect,
     timeout: Duration,
     backoff: Arc<Mutex<Backoff>>,
+    /// What connect errors name: `host:port`, or the socket's path.
+    peer: String,
 }
 
 /// An open connection: its client, the task that drives its socket, the
@@ -112,6 +117,7 @@ impl Connector {
             tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
             timeout: settings.connect_timeout,
             backoff: Arc::default(),
+            peer: peer(&settings.location, settings.port),
         })
     }
 
@@ -123,6 +129,11 @@ impl Connector {
         }
         let result = tokio::time::timeout(self.timeout, self.login()).await.unwrap_or_else(|_| {
             Err(Error::Connect(format!("no connection within {} ms", self.timeout.as_millis())))
+        });
+        // Every cause (the socket, TLS, the login, the timeout) names the peer.
+        let result = result.map_err(|err| match err {
+            Error::Connect(cause) => Error::Connect(format!("{}: {cause}", self.peer)),
+            other => other,
         });
         match &result {
             Ok(_) => self.backoff().succeeded(),
@@ -152,15 +163,11 @@ impl Connector {
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
     async fn socket(&self) -> Result<(Socket, Tls)> {
-        let (socket, host) = match &self.location {
-            Location::SocketDir(dir) => {
-                let path = format!("{dir}/.s.PGSQL.{}", self.port);
-                let socket = UnixStream::connect(&path).await;
-                (socket.map(Either::Right), path)
-            }
-            Location::Host(host) => (tcp(host, self.port).await, format!("{host}:{}", self.port)),
+        let socket = match &self.location {
+            Location::SocketDir(_) => UnixStream::connect(&self.peer).await.map(Either::Right),
+            Location::Host(host) => tcp(host, self.port).await,
         };
-        let socket = socket.map_err(|e| Error::Connect(format!("{host}: {e}")))?;
+        let socket = socket.map_err(|e| Error::Connect(e.to_string()))?;
         let server = match &self.location {
             Location::Host(host) => host.as_str(),
             Location::SocketDir(_) => "localhost",
@@ -191,6 +198,15 @@ impl Connector {
                 });
             },
         );
+    }
+}
+
+/// `host:port` (`[::1]:5432` for an IPv6 address), or the socket's path.
+fn peer(location: &Location, port: u16) -> String {
+    match location {
+        Location::SocketDir(dir) => format!("{dir}/.s.PGSQL.{port}"),
+        Location::Host(host) if host.contains(':') => format!("[{host}]:{port}"),
+        Location::Host(host) => format!("{host}:{port}"),
     }
 }
 
@@ -269,6 +285,104 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::Prepare;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn settings(location: Location, port: u16, sslmode: SslMode) -> Settings {
+        Settings {
+            location,
+            port,
+            username: "locks".into(),
+            password: Some("secret-pw".into()),
+            database: "locks".into(),
+            sslmode,
+            ssl_ca_file: None,
+            application_name: "locks_core_tests".into(),
+            prefix: None,
+            pool_size: 1,
+            connect_timeout: Duration::from_millis(300),
+            checkout_timeout: Duration::from_secs(1),
+            statement_timeout: Duration::from_secs(1),
+            prepare: Prepare::Named,
+        }
+    }
+
+    /// The message of a failed first connection to `location`, `port`.
+    async fn refusal(location: Location, port: u16, sslmode: SslMode) -> String {
+        let connector = Connector::new(&settings(location, port, sslmode)).expect("a connector");
+        match connector.open().await {
+            Ok(_) => panic!("connected"),
+            Err(err) => err.to_string(),
+        }
+    }
+
+    /// A local listener whose connections get `reply` (then are closed), or
+    /// nothing at all (held open, silent) when `reply` is `None`.
+    async fn peer(reply: Option<&'static [u8]>) -> u16 {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listen");
+        let port = listener.local_addr().expect("address").port();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buffer = [0; 1024];
+                    let _ = stream.read(&mut buffer).await;
+                    match reply {
+                        Some(bytes) => drop(stream.write_all(bytes).await),
+                        None => tokio::time::sleep(Duration::from_secs(10)).await,
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test]
+    async fn connect_errors_name_the_host_and_port_or_the_socket() {
+        let port = peer(None).await;
+        let silent = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Prefer).await;
+        assert_eq!(
+            silent,
+            format!("database connection failed: 127.0.0.1:{port}: no connection within 300 ms")
+        );
+
+        // Not PostgreSQL: an HTTP server's answer to the startup message.
+        let port = peer(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await;
+        let http = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Disable).await;
+        assert_eq!(
+            http,
+            format!(
+                "database connection failed: 127.0.0.1:{port}: \
+                 error communicating with the server: bytes remaining on stream"
+            )
+        );
+
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
+            listener.local_addr().expect("address").port()
+        };
+        let refused = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Prefer).await;
+        assert_eq!(
+            refused,
+            format!(
+                "database connection failed: 127.0.0.1:{port}: \
+                 Connection refused (os error 111)"
+            )
+        );
+
+        let v6 = refusal(Location::Host("::1".into()), port, SslMode::Prefer).await;
+        assert!(v6.starts_with(&format!("database connection failed: [::1]:{port}: ")), "{v6}");
+
+        let socket =
+            refusal(Location::SocketDir("/nonexistent".into()), 5432, SslMode::Prefer).await;
+        assert_eq!(
+            socket,
+            "database connection failed: /nonexistent/.s.PGSQL.5432: \
+             No such file or directory (os error 2)"
+        );
+        for message in [silent, http, refused, socket] {
+            assert!(!message.contains("secret-pw"), "{message}");
+        }
+    }
 
     #[test]
     fn failures_are_spaced_by_a_doubling_capped_pause_and_a_success_resets_it() {

@@ -13,7 +13,8 @@
 //!
 //! No message ever carries the database password: connection errors are
 //! rendered from tokio-postgres' own messages, which name the cause and never
-//! the connection settings.
+//! the connection settings, after the server they were for (`host:port`, or
+//! the socket's path: see `connect.rs`).
 
 use std::time::Duration;
 

@@ -75,20 +75,21 @@ pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRust
     Ok(MakeRustlsConnect::new(client))
 }
 
-/// Every certificate of a PEM file, as trust anchors.
+/// Every certificate of a PEM file, as trust anchors. Each error names the
+/// file (quoted, as a setting's `got:` shows a value).
 fn load_roots(path: &str) -> Result<RootCertStore> {
     let bad = |reason: String| Error::config("ssl_ca_file", reason);
     let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(format!("cannot be read: {}", pem_cause(&e))))?;
+        .map_err(|e| bad(format!("cannot read {path:?}: {}", pem_cause(&e))))?;
     let mut roots = RootCertStore::empty();
     for cert in certs {
-        let cert = cert.map_err(|e| bad(format!("is not PEM: {}", pem_cause(&e))))?;
+        let cert = cert.map_err(|e| bad(format!("{path:?} is not PEM: {}", pem_cause(&e))))?;
         roots
             .add(cert)
-            .map_err(|e| bad(format!("holds a certificate that cannot be used: {e}")))?;
+            .map_err(|e| bad(format!("{path:?} holds a certificate that cannot be used: {e}")))?;
     }
     if roots.is_empty() {
-        return Err(bad("holds no PEM certificate".into()));
+        return Err(bad(format!("{path:?} holds no PEM certificate")));
     }
     Ok(roots)
 }
@@ -191,16 +192,18 @@ mod tests {
     fn a_ca_file_that_is_missing_or_holds_no_certificate_is_refused() {
         assert_eq!(
             refusal(SslMode::VerifyFull, Some("/nonexistent/ca.pem")).as_deref(),
-            Some("invalid configuration: ssl_ca_file: cannot be read: No such file or directory (os error 2)")
+            Some(
+                "invalid configuration: ssl_ca_file: cannot read \"/nonexistent/ca.pem\": \
+                 No such file or directory (os error 2)"
+            )
         );
 
         let empty = std::env::temp_dir().join(format!("locks-empty-ca-{}.pem", std::process::id()));
         std::fs::write(&empty, "not a certificate\n").expect("temp file");
         let err = refusal(SslMode::VerifyCa, empty.to_str());
         let _ = std::fs::remove_file(&empty);
-        assert_eq!(
-            err.as_deref(),
-            Some("invalid configuration: ssl_ca_file: holds no PEM certificate")
-        );
+        let expected =
+            format!("invalid configuration: ssl_ca_file: {empty:?} holds no PEM certificate");
+        assert_eq!(err, Some(expected));
     }
 }

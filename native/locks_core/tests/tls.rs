@@ -4,9 +4,10 @@
 //! TCP connection without TLS, so a call that succeeds went over TLS.
 //!
 //! The shared cluster of the other tests (`_build/pg`) is never touched. The
-//! TLS cluster is set up once (certificates, `ssl = on`, a restart) and left
-//! running for the next run, like the shared one; `LOCKS_PG_DIR=$PWD/_build/pg-tls
-//! scripts/pg stop` stops it.
+//! TLS cluster is set up once (certificates, `ssl = on`, a restart) and, run
+//! alone, left running for the next run, like the shared one
+//! (`LOCKS_PG_DIR=$PWD/_build/pg-tls scripts/pg stop` stops it); `scripts/test`
+//! stops it at its end with every other cluster of its run (`scripts/servers`).
 //!
 //! The server certificate is for `localhost` only: reached as `127.0.0.1`,
 //! the same server shows what `verify_full` checks that `verify_ca` does not.
@@ -268,12 +269,15 @@ async fn a_wrong_ca_fails_naming_the_certificate() {
     let cluster = cluster();
     for mode in [SslMode::VerifyFull, SslMode::VerifyCa] {
         let settings = at_host(with(&cluster.url, mode, Some(cluster.wrong_ca())), "localhost");
+        let port = settings.port;
         let err = call(settings).await.expect_err("an unknown issuer");
         assert!(matches!(err, Error::Connect(_)), "{err:?}");
         assert_eq!(
             err.to_string(),
-            "database connection failed: error performing TLS handshake: \
-             invalid peer certificate: UnknownIssuer",
+            format!(
+                "database connection failed: localhost:{port}: error performing TLS handshake: \
+                 invalid peer certificate: UnknownIssuer"
+            ),
             "{mode:?}"
         );
     }
@@ -284,12 +288,15 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     let cluster = cluster();
     // The same server, reached as an address its certificate is not for.
     let full = at_host(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())), "127.0.0.1");
+    let port = full.port;
     let err = call(full).await.expect_err("a certificate for another name").to_string();
     assert_eq!(
         err,
-        "database connection failed: error performing TLS handshake: invalid peer certificate: \
-         certificate not valid for name \"127.0.0.1\"; certificate is only valid for \
-         DnsName(\"localhost\")"
+        format!(
+            "database connection failed: 127.0.0.1:{port}: error performing TLS handshake: \
+             invalid peer certificate: certificate not valid for name \"127.0.0.1\"; \
+             certificate is only valid for DnsName(\"localhost\")"
+        )
     );
 
     let ca_only = at_host(with(&cluster.url, SslMode::VerifyCa, Some(cluster.ca())), "127.0.0.1");

@@ -292,34 +292,46 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
   end
 
   describe "a bad setting" do
-    test "raises Locks.Error :config naming it, never its value" do
+    test "raises Locks.Error :config naming it and, as argument errors do, the value it got; never a password or a url" do
       for {env, message} <- [
             {[urll: "x"],
              "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare, :testing"},
             {[url: ~c"postgres://u:s3cr3t@h/db"], "invalid configuration: url: must be a string"},
             {[password: 123_456], "invalid configuration: password: must be a string"},
             {[url: "postgres://h/db", port: "5432"],
-             "invalid configuration: port: must be an integer from 1 to 65535"},
+             ~s{invalid configuration: port: must be an integer from 1 to 65535, got: "5432"}},
             {[url: "postgres://h/db", pool_size: 0],
-             "invalid configuration: pool_size: must be an integer from 1 to 1000"},
+             "invalid configuration: pool_size: must be an integer from 1 to 1000, got: 0"},
+            {[url: "postgres://h/db", pool_size: "4"],
+             ~s{invalid configuration: pool_size: must be an integer from 1 to 1000, got: "4"}},
             {[url: "postgres://h/db", checkout_timeout: 2 ** 64],
-             "invalid configuration: checkout_timeout: must be an integer from 1 to 3600000 (milliseconds)"},
+             "invalid configuration: checkout_timeout: must be an integer from 1 to 3600000 (milliseconds), got: 18446744073709551616"},
             {[url: "postgres://h/db", sslmode: :verify],
-             "invalid configuration: sslmode: must be one of :disable, :prefer, :require, :verify_ca, :verify_full"},
+             "invalid configuration: sslmode: must be one of :disable, :prefer, :require, :verify_ca, :verify_full, got: :verify"},
+            {[url: "postgres://h/db", sslmode: "verify"],
+             ~s{invalid configuration: sslmode: must be one of :disable, :prefer, :require, :verify_ca, :verify_full, got: "verify"}},
             {[url: "postgres://h/db", prepare: true],
-             "invalid configuration: prepare: must be :named or :unnamed"},
+             "invalid configuration: prepare: must be :named or :unnamed, got: true"},
             {[url: "postgres://h/db", prefix: "a b"],
-             "invalid configuration: prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)"},
+             ~s{invalid configuration: prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63), got: "a b"}},
             {[url: "postgres://h/db", socket_dir: "run/pg"],
-             "invalid configuration: socket_dir: must be an absolute directory"},
+             ~s{invalid configuration: socket_dir: must be an absolute directory, got: "run/pg"}},
+            {[url: "postgres://h/db", hostname: ""],
+             ~s{invalid configuration: hostname: must not be empty, got: ""}},
+            {[url: "postgres://h/db", application_name: [1, 2, 3, 4, 5, 6, 7]],
+             "invalid configuration: application_name: must be a string, got: [1, 2, 3, 4, 5, ...]"},
+            {[url: "postgres://h/db", prefix: String.duplicate("a", 70)],
+             ~s{invalid configuration: prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63), got: "#{String.duplicate("a", 64)}" <> ...}},
             {[repo: "MyApp.Repo"],
-             "invalid configuration: repo: must be a module, e.g. MyApp.Repo"},
+             ~s{invalid configuration: repo: must be a module, e.g. MyApp.Repo, got: "MyApp.Repo"}},
             {[repo: NoSuch.Repo],
              "invalid configuration: repo: NoSuch.Repo is not a module with config/0 (an Ecto repo)"},
-            {[repo: FakeRepo.new(hostname: ~c"db")],
-             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:hostname\]: must be a string\z/},
+            {[repo: FakeRepo.new(hostname: :db)],
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:hostname\]: must be a string, got: :db\z/},
             {[repo: FakeRepo.new(hostname: "db", ssl: :yes)],
-             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:ssl\]: must be a boolean or a keyword list\z/}
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:ssl\]: must be a boolean or a keyword list, got: :yes\z/},
+            {[repo: FakeRepo.new(hostname: "db", password: ~c"s3cr3t")],
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:password\]: must be a string\z/}
           ] do
         message_given = refused(env)
 

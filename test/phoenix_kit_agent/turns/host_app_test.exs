@@ -4,8 +4,9 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
   # `mix deps.compile` and `mix compile` alone (the NIF through the
   # library's own Mix compiler), and takes locks with the connection of its
   # own "repo" (`config :phoenix_kit_agent_locks, repo: HostApp.Repo`), no
-  # DATABASE_URL. Then IEx on the library: `recompile(force: true)` in a
-  # running shell keeps the NIF and the locks.
+  # DATABASE_URL; then compiles and runs again, which runs no cargo and
+  # prints nothing, also with no cargo at all. Then IEx on the library:
+  # `recompile(force: true)` in a running shell keeps the NIF and the locks.
   #
   # cargo runs in this checkout's workspace either way, so both reuse its
   # target/ and cargo has nothing to rebuild; the time goes to the mix
@@ -65,7 +66,19 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
       """
     })
 
-    db = [{"HOST_APP_DB", TestDB.url()}]
+    # cargo, as a script that records each call before it runs the real one.
+    bin = Path.join(dir, "bin")
+    File.mkdir_p!(bin)
+    calls = Path.join(dir, "cargo_calls")
+
+    File.write!(Path.join(bin, "cargo"), """
+    #!/bin/sh
+    echo "$*" >> #{calls}
+    exec #{System.find_executable("cargo")} "$@"
+    """)
+
+    File.chmod!(Path.join(bin, "cargo"), 0o755)
+    db = [{"HOST_APP_DB", TestDB.url()}, {"PATH", bin <> ":" <> System.get_env("PATH")}]
 
     deps = mix!(dir, ["deps.compile"], db)
     assert deps =~ "Generated phoenix_kit_agent_locks app"
@@ -84,6 +97,30 @@ defmodule PhoenixKitAgent.Turns.HostAppTest do
 
     assert TestDB.lock(:chat, chat) == {nil, nil}
     assert TestDB.lock(:user, user) == {nil, nil}
+
+    # Every later command finds the installed library current (its stamp):
+    # no cargo run, and nothing printed but the host's own output.
+    File.rm(calls)
+    assert mix!(dir, ["compile"], db) == ""
+    chat = TestDB.insert_chat!()
+    out = mix!(dir, ["run", "-e", "HostApp.turn(System.argv())", chat, user], db)
+    assert out == "RESULTS [:ok, true, :ok, false]\n"
+    assert File.read(calls) == {:error, :enoent}, "cargo ran"
+
+    # And with no cargo at all (not on PATH, no ~/.cargo/bin in HOME).
+    path =
+      System.get_env("PATH")
+      |> String.split(":")
+      |> Enum.reject(&File.exists?(Path.join(&1, "cargo")))
+
+    home = Path.join(dir, "home")
+    File.mkdir_p!(home)
+    no_cargo = [{"PATH", Enum.join(path, ":")}, {"HOME", home}]
+
+    assert System.cmd("sh", ["-c", "command -v cargo || echo none"], env: no_cargo) ==
+             {"none\n", 0}
+
+    assert mix!(dir, ["compile"], db ++ no_cargo) == ""
   end
 
   test "IEx: recompile(force: true) in a running shell keeps the NIF and the locks",

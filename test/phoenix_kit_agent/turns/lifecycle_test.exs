@@ -77,19 +77,20 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
 
       for {env, message} <- [
             {[url: url, pool_size: 0],
-             "invalid configuration: pool_size: must be an integer from 1 to 1000"},
+             "invalid configuration: pool_size: must be an integer from 1 to 1000, got: 0"},
             {[url: url, prefix: "not an identifier"],
-             "invalid configuration: prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63)"},
+             ~s{invalid configuration: prefix: must be an identifier: a letter or _, then letters, digits, _ or $ (at most 63), got: "not an identifier"}},
             {[url: url, port: 70_000],
-             "invalid configuration: port: must be an integer from 1 to 65535"},
+             "invalid configuration: port: must be an integer from 1 to 65535, got: 70000"},
             {[url: url <> "?sslmode=verify-full"],
              "invalid configuration: ssl_ca_file: required by the verifying sslmodes: a PEM file of the CA certificates to trust"},
             {[url: url, sslmode: :verify_ca, ssl_ca_file: "/nonexistent/ca.pem"],
-             "invalid configuration: ssl_ca_file: cannot be read: No such file or directory (os error 2)"}
+             ~s{invalid configuration: ssl_ca_file: cannot read "/nonexistent/ca.pem": No such file or directory (os error 2)}}
           ] do
         {result, log} = AppEnv.restart_logged(env)
         assert {:error, reason} = result
-        assert inspect(reason) =~ message
+        # The message as the exit reason's inspect shows it (quotes escaped).
+        assert inspect(reason) =~ String.slice(inspect(message), 1..-2//1)
         refute inspect(reason) =~ "St4rt-s3cr3t"
         refute log =~ "St4rt-s3cr3t"
       end
@@ -180,11 +181,16 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
     # call with tokio-postgres' own words; native/locks_core/tests/tls.rs
     # connects to a server that has it. (A call that fails to connect starts
     # the back-off: the second call within it fails with the same words.)
-    @no_tls "database connection failed: error performing TLS handshake: server does not support TLS"
-
+    # The message names the server.
     defp no_tls! do
+      %URI{host: host, port: port} = URI.parse(TestDB.url())
+
+      no_tls =
+        "database connection failed: #{host}:#{port}: error performing TLS handshake: " <>
+          "server does not support TLS"
+
       error = assert_raise Error, fn -> Locks.held?(TestDB.uuid(), TestDB.uuid(), "t") end
-      assert {error.reason, error.message} == {:connect, @no_tls}
+      assert {error.reason, error.message} == {:connect, no_tls}
     end
 
     test "sslmode: from the library's setting, or from the url" do

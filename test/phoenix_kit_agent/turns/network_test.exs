@@ -388,7 +388,10 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       [chat] = insert_chats!(1)
       {user, turn} = {new_user(), turn_ref()}
       call = fn -> Locks.held?(chat, user, turn) end
-      refusal = ~s{database connection failed: too many connections for role "#{role}" (53300)}
+
+      refusal =
+        ~s{database connection failed: 127.0.0.1:#{Proxy.port(proxy)}: } <>
+          ~s{too many connections for role "#{role}" (53300)}
 
       answers = hammer(1_000, call)
       attempts = Proxy.connections(proxy)
@@ -430,6 +433,22 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       answers = hammer(400, call)
       attempts = Enum.filter(Proxy.connections(proxy), &(&1.accepted_at >= since))
       assert_backed_off(answers, attempts, 2..5)
+    end
+  end
+
+  describe "a peer that never answers the login" do
+    test "the connect error names the host and port after the connect timeout", %{
+      proxy: proxy,
+      app: app
+    } do
+      :ok = Proxy.mode(proxy, :blackhole_all)
+      start_app!(Proxy.url(proxy), app, 1)
+
+      error = assert_raise Error, fn -> Locks.held?(TestDB.uuid(), TestDB.uuid(), turn_ref()) end
+
+      assert {error.reason, error.message} ==
+               {:connect,
+                "database connection failed: 127.0.0.1:#{Proxy.port(proxy)}: no connection within 2000 ms"}
     end
   end
 

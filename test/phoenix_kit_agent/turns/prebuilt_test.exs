@@ -216,10 +216,19 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
                 "locks_nif: installed #{ctx.name} from #{url}/v#{@version}/#{ctx.name} (SHA-256 as listed)"}
              ]
 
-      # Again: from the cache, and the same bytes are not installed again.
+      # Again: the stamp beside it says it is the listed artifact, so the
+      # cache is not even read (deleted here), and nothing is printed.
+      File.rm_rf!(ctx.cache)
       assert LocksNif.compile(settings, ctx.dest) == {:noop, []}
       assert requests() == []
+      assert messages() == []
       assert cargo_calls(ctx) == []
+
+      # Another listed checksum (another release) is no longer what was installed.
+      list!(ctx, %{ctx.name => "sha256:" <> String.duplicate("0", 64)})
+
+      assert {:error, [%{message: "checksum mismatch for " <> _}]} =
+               LocksNif.compile(settings, ctx.dest)
     end
 
     test "is taken from the cache with the server stopped", ctx do
@@ -419,6 +428,22 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
 
       assert {:error, [%{message: ^message}]} = LocksNif.compile(settings, ctx.dest)
       refute File.exists?(ctx.dest)
+    end
+
+    test "with no artifact listed and no cargo, the error offers Rust alone (no cache could help)",
+         ctx do
+      list!(ctx, %{})
+      settings = settings(ctx, %{}, nil)
+
+      message = """
+      no library for target #{@target} and NIF version #{@nif}:
+        prebuilt: #{@checksum_file} lists no artifact of version #{@version} for #{@target} and NIF version #{@nif}
+        from source: cargo not found on PATH or in ~/.cargo/bin
+      Install Rust (https://rustup.rs) so that cargo is on PATH.\
+      """
+
+      assert {:error, [%{message: ^message}]} = LocksNif.compile(settings, ctx.dest)
+      assert requests() == []
     end
   end
 

@@ -23,10 +23,17 @@ defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
     %{dir: dir}
   end
 
-  defp pg(dir, command),
+  defp pg(dir, command, env \\ []),
     do:
       System.cmd(Path.expand("scripts/pg"), [command],
-        env: [{"LOCKS_PG_DIR", dir}],
+        env: [{"LOCKS_PG_DIR", dir} | env],
+        stderr_to_stdout: true
+      )
+
+  defp servers(command, registry),
+    do:
+      System.cmd(Path.expand("scripts/servers"), [command],
+        env: [{"LOCKS_PG_REGISTRY", registry}],
         stderr_to_stdout: true
       )
 
@@ -38,5 +45,45 @@ defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
     assert [_, url] = Regex.run(~r/DATABASE_URL='([^']+)'/, out)
     assert {"1\n", 0} = System.cmd("psql", ["-X", "-Atc", "SELECT 1", url])
     assert pg(dir, "url") == {url <> "\n", 0}
+  end
+
+  # What scripts/test runs at its end, on success, failure or a signal.
+  test "scripts/servers: check fails while a cluster listed by scripts/pg start runs, even " <>
+         "frozen; stop stops it (and its PgBouncers), then check passes and forgets the list",
+       %{dir: dir} do
+    registry = Path.join(Path.dirname(dir), "servers")
+    {_, 0} = pg(dir, "start", [{"LOCKS_PG_REGISTRY", registry}])
+    {_, 0} = pg(dir, "bouncer")
+    target = File.read_link(dir) |> elem(1) || dir
+    assert File.read!(registry) == Path.expand(target) <> "\n"
+
+    postmaster =
+      dir |> Path.join("data/postmaster.pid") |> File.read!() |> String.split("\n") |> hd()
+
+    bouncers =
+      for mode <- ~w(transaction session),
+          do: File.read!(Path.join(dir, "pgbouncer-#{mode}/pgbouncer.pid")) |> String.trim()
+
+    {out, status} = servers("check", registry)
+    assert status == 1
+
+    assert out |> String.split("\n", trim: true) |> Enum.sort() ==
+             Enum.sort(
+               for {pid, command} <- [
+                     {postmaster, "postgres"} | Enum.map(bouncers, &{&1, "pgbouncer"})
+                   ],
+                   do: "servers: left running: #{pid} #{command} (of #{Path.expand(target)})"
+             )
+
+    # Frozen, as a killed fault test leaves its cluster: pg_ctl stop alone would hang.
+    {_, 0} = System.cmd("kill", ["-STOP", postmaster])
+    assert servers("stop", registry) == {"", 0}
+    assert servers("check", registry) == {"", 0}
+    refute File.exists?(registry)
+    # pg_ctl's wait ends when the postmaster removes its pid file, just before it exits.
+    assert Enum.any?(1..100, fn _ ->
+             Process.sleep(50)
+             match?({_, 1}, System.cmd("kill", ["-0", postmaster], stderr_to_stdout: true))
+           end)
   end
 end

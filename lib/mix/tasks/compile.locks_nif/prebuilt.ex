@@ -63,36 +63,49 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
       else: {:error, "no Rust target known for the system architecture #{architecture}"}
   end
 
-  @doc "`{:ok, library, artifact, from}` (a file or URL), `{:mismatch, why}` or `{:error, why}`."
-  def fetch(settings) do
+  @doc "`{:ok, artifact, checksum}`: the artifact to install and its listed checksum; or `{:error, why}`."
+  def expected(settings) do
     with {:ok, target} <- settings.target,
          {:ok, checksums} <- read_checksums(settings.checksum_file),
          {:ok, name} <- listed(settings, target, checksums),
+         do: {:ok, name, checksums[name]}
+  end
+
+  @doc "`{:ok, library, artifact, from, checksum}` (`from` a file or URL), `{:mismatch, why}` or `{:error, why}`."
+  def fetch(settings) do
+    with {:ok, name, expected} <- expected(settings),
          {:ok, tarball, from} <- read_or_download(settings, name),
          cached = Path.join(settings.cache_dir, name),
-         :ok <- verify(checksum(tarball), checksums[name], name, from, cached),
+         :ok <- verify(checksum(tarball), expected, name, from, cached),
          {:ok, library} <- unpack(tarball, name) do
       if from != cached, do: keep(cached, tarball)
-      {:ok, library, name, from}
+      {:ok, library, name, from, expected}
     end
   end
 
-  @doc "The compiler's error when no artifact fits and cargo is not found."
+  @doc """
+  The compiler's error when no artifact fits and cargo is not found. The
+  cache directory is offered only when the checksum file lists an artifact
+  to put there.
+  """
   def no_library(settings, why) do
-    nif = List.first(loadable(settings), settings.nif_version)
+    way_out =
+      case expected(settings) do
+        {:ok, artifact, _} ->
+          "Either install Rust (https://rustup.rs) so that cargo is on PATH, or put #{artifact} " <>
+            "(as listed in #{@checksum_file}) in a directory and set #{@cache_env} to it."
 
-    {target, artifact} =
-      case settings.target do
-        {:ok, t} -> {t, artifact(settings.version, nif, t)}
-        {:error, _} -> {"(unknown)", "the artifact for your target (#{@target_env} names it)"}
+        {:error, _} ->
+          "Install Rust (https://rustup.rs) so that cargo is on PATH."
       end
+
+    target = with {:ok, t} <- settings.target, do: t, else: (_ -> "(unknown)")
 
     """
     no library for target #{target} and NIF version #{settings.nif_version}:
       prebuilt: #{why}
       from source: cargo not found on PATH or in ~/.cargo/bin
-    Either install Rust (https://rustup.rs) so that cargo is on PATH, or put #{artifact} \
-    (as listed in #{@checksum_file}) in a directory and set #{@cache_env} to it.\
+    #{way_out}\
     """
   end
 

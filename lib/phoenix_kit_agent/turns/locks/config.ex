@@ -181,20 +181,24 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   # The checked `value` of setting `key`; `name` is what an error calls it: the
   # key, or where it came from (`url`, `DATABASE_URL`, `MyApp.Repo.config()[:port]`).
-  def check!(key, value, name)
-
-  # libpq's spelling, as a URL's sslmode= has it.
-  def check!(:sslmode, mode, name) when is_binary(mode) do
-    libpq = Enum.find(@sslmodes, &(Atom.to_string(&1) == String.replace(mode, "-", "_")))
-    check!(:sslmode, libpq, name)
-  end
-
-  def check!(key, value, name) do
-    case rule(key, value) do
-      {true, _rule} -> value
-      {false, rule} -> bad!(name, rule)
+  # The error ends in `got:` and the value, as an argument error does, unless
+  # `shown?` is false (a part of a URL, which may carry the password anywhere)
+  # or the value is a password or a URL.
+  def check!(key, value, name, shown? \\ true) do
+    case rule(key, normal(key, value)) do
+      {true, _rule} -> normal(key, value)
+      {false, rule} -> bad!(name, rule <> if(shown?, do: got(key, value), else: ""))
     end
   end
+
+  # libpq's spelling, as a URL's sslmode= has it.
+  defp normal(:sslmode, mode) when is_binary(mode),
+    do: Enum.find(@sslmodes, mode, &(Atom.to_string(&1) == String.replace(mode, "-", "_")))
+
+  defp normal(_key, value), do: value
+
+  defp got(key, _value) when key in [:url, :password], do: ""
+  defp got(_key, value), do: ", got: " <> inspect(value, limit: 5, printable_limit: 64)
 
   # Whether `value` passes setting `key`'s rule, and what an error says of it.
   defp rule(:repo, v), do: {is_atom(v), "must be a module, e.g. MyApp.Repo"}
@@ -290,13 +294,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         {:socket_dir, dir}
 
       {:port, text} when is_binary(text) ->
-        {:port, check!(:port, with({port, ""} <- Integer.parse(text), do: port), name)}
+        {:port, check!(:port, with({port, ""} <- Integer.parse(text), do: port), name, false)}
 
       {:prepare, text} ->
-        {:prepare, check!(:prepare, Enum.find(@prepares, &(Atom.to_string(&1) == text)), name)}
+        prepare = Enum.find(@prepares, &(Atom.to_string(&1) == text))
+        {:prepare, check!(:prepare, prepare, name, false)}
 
       {key, value} ->
-        {key, check!(key, value, name)}
+        {key, check!(key, value, name, false)}
     end)
   end
 
@@ -350,8 +355,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
         [socket_dir: check!(:socket_dir, Path.dirname(path), "#{name}.config()[:socket]")] ++ port
 
-      _ ->
-        bad!("#{name}.config()[:socket]", "must be a string")
+      other ->
+        bad!("#{name}.config()[:socket]", "must be a string" <> got(:socket, other))
     end
   end
 
@@ -367,16 +372,24 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       on when on == true or is_list(on) ->
         ca_file =
           case Keyword.get(ssl_opts, :cacertfile) do
-            nil -> []
-            file when is_binary(file) or is_list(file) -> [ssl_ca_file: to_string(file)]
-            _ -> bad!("#{name}.config()[:ssl_opts][:cacertfile]", "must be a path")
+            nil ->
+              []
+
+            file when is_binary(file) or is_list(file) ->
+              [ssl_ca_file: to_string(file)]
+
+            other ->
+              bad!(
+                "#{name}.config()[:ssl_opts][:cacertfile]",
+                "must be a path" <> got(:ssl_ca_file, other)
+              )
           end
 
         mode = if ssl_opts[:verify] == :verify_peer, do: :verify_full, else: :require
         [sslmode: mode] ++ ca_file
 
-      _ ->
-        bad!("#{name}.config()[:ssl]", "must be a boolean or a keyword list")
+      other ->
+        bad!("#{name}.config()[:ssl]", "must be a boolean or a keyword list" <> got(:ssl, other))
     end
   end
 end
