@@ -227,7 +227,7 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
 
     test "refuses anything else, naming the fix" do
       for {env, message} <- [
-            {[testing: :inline], "testing: must be :sandbox or :disabled"},
+            {[testing: :inline], "testing: must be :sandbox or :disabled, got: :inline"},
             {[testing: :sandbox], "testing: :sandbox needs repo: the host's Ecto repo"},
             {[testing: :sandbox, repo: FakeRepo],
              "repo: PhoenixKitAgent.Turns.Locks.FakeRepo has no query/3 (an Ecto SQL repo), " <>
