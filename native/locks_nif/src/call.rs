@@ -98,23 +98,24 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 }
 
 /// `:go` with a slot for the caller, or `{:wait, ms}` until its checkout
-/// deadline, in line. Raises `:not_started` without a pool, `:pool_timeout`
-/// when the deadline has passed already.
+/// deadline, in line; `{:wait, 0}` when the deadline has passed already.
+/// Raises `:not_started` without a pool.
+///
+/// A caller in line always leaves by `leave/0` from its `receive`, never from
+/// here: once it is in line and the queue unlocked, a slot may be handed to
+/// it (its `:go` sent) before it leaves, and only the Elixir side, on its way
+/// out, takes that message out of the mailbox.
 #[rustler::nif]
 fn admit(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
     let pool = global::current().map_err(raise)?;
-    let checkout = pool.settings().checkout_timeout;
     let pid = env.pid();
     if QUEUE.admit(pid, || env.monitor(callers(), &pid)) {
         return Ok(atoms::go().encode(env));
     }
-    let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
-    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns());
-    if left > 0 {
-        return Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env));
-    }
-    unwatch(env, QUEUE.leave(&pid, go(env)).flatten());
-    Err(raise(Error::PoolTimeout(checkout)))
+    let checkout_ns =
+        i64::try_from(pool.settings().checkout_timeout.as_nanos()).unwrap_or(i64::MAX);
+    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).max(0);
+    Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
 }
 
 /// The caller's checkout deadline passed: out of the line (or the slot it
