@@ -22,7 +22,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   def run(opts) do
     calls = Keyword.fetch!(opts, :calls)
     kills = Keyword.get(opts, :kills, 0)
-    kill_on_go = Keyword.get(opts, :kill_on_go, 0)
+    kill_on_go = Keyword.get(opts, :kill_on_go, 0.0)
     cycles = Keyword.get(opts, :cycles, 0)
     spread_ms = Keyword.get(opts, :spread_ms, 2_000)
     me = self()
@@ -49,7 +49,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     results = collect(map_size(pids), %{}, index)
     storm_ms = System.monotonic_time(:millisecond) - started
     Process.exit(killer, :kill)
-    send(tracer, :stop)
+    send(tracer, {:stop, self()})
+    go_kills = receive(do: ({:go_kills, n} -> n), after: (10_000 -> :tracer_stuck))
     cycler_done = receive(do: ({:cycled, n} -> n), after: (10_000 -> :cycler_stuck))
     _ = cycler
     # The application runs again (the cycler leaves it started).
@@ -67,7 +68,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
       mailboxes: mailboxes,
       pool: pool,
       storm_ms: storm_ms,
-      cycles: cycler_done
+      cycles: cycler_done,
+      go_kills: go_kills
     }
   end
 
@@ -148,20 +150,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     end
   end
 
-  defp tracer(0), do: tracer_loop(0.0)
-  defp tracer(n), do: tracer_loop(n)
+  defp tracer(p), do: tracer_loop(p, 0)
 
-  defp tracer_loop(p) do
+  # Kills a traced caller, with probability `p`, as its :go arrives.
+  defp tracer_loop(p, kills) do
     receive do
       {:trace, pid, :receive, {:phoenix_kit_agent_locks, :go}} ->
-        if :rand.uniform() < p, do: Process.exit(pid, :kill)
-        tracer_loop(p)
+        if :rand.uniform() < p,
+          do: Process.exit(pid, :kill) && tracer_loop(p, kills + 1),
+          else: tracer_loop(p, kills)
 
       {:trace, _, _, _} ->
-        tracer_loop(p)
+        tracer_loop(p, kills)
 
-      :stop ->
-        :ok
+      {:stop, from} ->
+        send(from, {:go_kills, kills})
     end
   end
 

@@ -52,6 +52,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.StormTest do
 
     refute Map.has_key?(storm.results, :stuck), inspect(storm.results[:stuck])
     assert storm.cycles == 5
+    assert storm.go_kills > 10, inspect(storm.go_kills)
     assert %{running: 0, waiting: 0} = storm.pool
 
     outcomes =
