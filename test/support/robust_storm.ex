@@ -10,6 +10,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   # reports its outcome, then waits until the storm has settled and reports
   # what is left in its mailbox.
   #
+  # `killed_in_run/1`: long-lived callers loop on held?/3 (a 1 ms checkout:
+  # slots are often handed at a waiter's deadline) while a killer kills every
+  # caller it finds inside run/3 and starts another: the end of each such
+  # call hands the slot on from a dead process (call.rs `go`'s thread).
+  # Counts each outcome and every message a caller finds after a call.
+  #
   # `stale/1`: callers whose checkout deadline has already passed when they
   # ask for a slot (a stamp older than the checkout timeout), while two other
   # callers keep both slots busy; what each finds in its mailbox after each
@@ -178,6 +184,66 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
       end)
 
     send(parent, {:cycled, done})
+  end
+
+  ## Killed inside run/3
+
+  def killed_in_run(opts) do
+    ms = Keyword.get(opts, :ms, 10_000)
+    me = self()
+    until = System.monotonic_time(:millisecond) + ms
+    table = :ets.new(:callers, [:public, :set])
+    for _ <- 1..Keyword.get(opts, :callers, 30), do: :ets.insert(table, {looper(me, until)})
+    kills = kill_in_run(me, table, until, 0)
+    Process.sleep(300)
+    Map.merge(drain(%{}), %{kills: kills, pool: until_idle(5_000)})
+  end
+
+  defp looper(me, until), do: spawn(fn -> loop(me, until) end)
+
+  defp kill_in_run(me, table, until, kills) do
+    if System.monotonic_time(:millisecond) < until do
+      kills =
+        Enum.reduce(:ets.tab2list(table), kills, fn {pid}, kills ->
+          case Process.info(pid, :current_function) do
+            {:current_function, {_, :run, 3}} ->
+              Process.exit(pid, :kill)
+              :ets.delete(table, pid)
+              :ets.insert(table, {looper(me, until)})
+              kills + 1
+
+            _ ->
+              kills
+          end
+        end)
+
+      kill_in_run(me, table, until, kills)
+    else
+      kills
+    end
+  end
+
+  defp loop(me, until) do
+    if System.monotonic_time(:millisecond) < until do
+      outcome =
+        case attempt(fn -> Locks.held?(uuid(), uuid(), "looper") end) do
+          {:ok, _} -> :ok
+          {:raised, reason} -> reason
+        end
+
+      send(me, {:outcome, outcome})
+      {:messages, left} = Process.info(self(), :messages)
+      for message <- left, do: receive(do: (_ -> send(me, {:outcome, {:stray, message}})))
+      loop(me, until)
+    end
+  end
+
+  defp drain(counts) do
+    receive do
+      {:outcome, outcome} -> drain(Map.update(counts, outcome, 1, &(&1 + 1)))
+    after
+      300 -> counts
+    end
   end
 
   ## Stale stamps
