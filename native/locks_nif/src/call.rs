@@ -49,14 +49,15 @@ fn callers() -> &'static ResourceArc<Callers> {
 /// Tells a caller in line that it was handed a slot. A caller that died
 /// meanwhile is taken out by its monitor. The VM refuses a message whose
 /// sender is dead: when the call handing the slot was killed while it ran,
-/// a thread of its own sends it instead, with the queue locked again (so
-/// the slot must still be the caller's: none is sent after it left).
-pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid) + '_ {
-    move |pid| {
+/// a thread of its own sends it instead, with the queue locked again, only
+/// while that same slot is still the caller's, by its monitor: none is sent
+/// after the caller left, nor for a slot handed to it since, which was told.
+pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Option<Monitor>) + '_ {
+    move |pid, monitor| {
         if env.send(pid, (atoms::phoenix_kit_agent_locks(), atoms::go())).is_err() {
-            let pid = *pid;
+            let (pid, monitor) = (*pid, *monitor);
             std::thread::spawn(move || {
-                QUEUE.if_handed(&pid, || {
+                QUEUE.if_handed(&pid, &monitor, || {
                     let _ = OwnedEnv::new().send_and_clear(&pid, |_env| {
                         (atoms::phoenix_kit_agent_locks(), atoms::go())
                     });
