@@ -80,7 +80,7 @@ impl<K: PartialEq, W> Queue<K, W> {
     }
 
     /// Sets the number of slots (a new pool's size) and hands the new ones.
-    pub fn resize(&self, limit: usize, hand: impl FnMut(&K)) {
+    pub fn resize(&self, limit: usize, hand: impl FnMut(&K, &W)) {
         let mut state = self.lock();
         state.limit = limit;
         state.fill(hand);
@@ -120,7 +120,7 @@ impl<K: PartialEq, W> Queue<K, W> {
     }
 
     /// A started call has ended: its slot goes to the first in line.
-    pub fn finish(&self, hand: impl FnMut(&K)) {
+    pub fn finish(&self, hand: impl FnMut(&K, &W)) {
         let mut state = self.lock();
         state.running = state.running.saturating_sub(1);
         state.fill(hand);
@@ -129,7 +129,7 @@ impl<K: PartialEq, W> Queue<K, W> {
     /// Takes `key` out of the line, or takes back the slot it was handed and
     /// hands it on; its `W`, or `None` when it was in neither (its call
     /// started, or it was told the pool closed).
-    pub fn leave(&self, key: &K, hand: impl FnMut(&K)) -> Option<W> {
+    pub fn leave(&self, key: &K, hand: impl FnMut(&K, &W)) -> Option<W> {
         let mut state = self.lock();
         let left = match state.line.iter().position(|(k, _)| k == key) {
             Some(i) => state.line.remove(i),
@@ -142,11 +142,17 @@ impl<K: PartialEq, W> Queue<K, W> {
         left.map(|(_, w)| w)
     }
 
-    /// Runs `f` with the queue locked, if `key` holds a slot it has not
-    /// started: for a message about that slot sent from elsewhere.
-    pub fn if_handed(&self, key: &K, f: impl FnOnce()) {
+    /// Runs `f` with the queue locked, if `key` holds the slot it was handed
+    /// with `watch` and has not started it: for a message about that slot
+    /// sent from elsewhere, later. The `W` tells that handing from a later
+    /// one to the same caller (it may have left and been handed another
+    /// since), which must not be announced twice.
+    pub fn if_handed(&self, key: &K, watch: &W, f: impl FnOnce())
+    where
+        W: PartialEq,
+    {
         let state = self.lock();
-        if state.handed.iter().any(|(k, _)| k == key) {
+        if state.handed.iter().any(|(k, w)| k == key && w == watch) {
             f();
         }
     }
@@ -169,10 +175,10 @@ impl<K, W> State<K, W> {
     }
 
     /// Hands free slots to the first in line, telling each with `hand`.
-    fn fill(&mut self, mut hand: impl FnMut(&K)) {
+    fn fill(&mut self, mut hand: impl FnMut(&K, &W)) {
         while self.used() < self.limit {
             let Some(entry) = self.line.pop_front() else { break };
-            hand(&entry.0);
+            hand(&entry.0, &entry.1);
             self.handed.push(entry);
         }
     }

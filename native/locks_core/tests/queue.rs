@@ -13,8 +13,8 @@ type Q = Queue<&'static str, &'static str>;
 struct Told(RefCell<Vec<&'static str>>);
 
 impl Told {
-    fn hand(&self) -> impl FnMut(&&'static str) + '_ {
-        |who| self.0.borrow_mut().push(*who)
+    fn hand(&self) -> impl FnMut(&&'static str, &&'static str) + '_ {
+        |who, _| self.0.borrow_mut().push(*who)
     }
 
     fn take(&self) -> Vec<&'static str> {
@@ -118,8 +118,29 @@ fn a_message_about_a_slot_is_sent_only_while_it_is_unstarted() {
     let queue = queue(1);
     let sent = RefCell::new(0);
     assert!(admit(&queue, "a"));
-    queue.if_handed(&"a", || *sent.borrow_mut() += 1);
+    queue.if_handed(&"a", &"a", || *sent.borrow_mut() += 1);
     queue.start(&"a");
-    queue.if_handed(&"a", || *sent.borrow_mut() += 1);
+    queue.if_handed(&"a", &"a", || *sent.borrow_mut() += 1);
+    assert_eq!(*sent.borrow(), 1);
+}
+
+#[test]
+fn a_late_message_about_a_slot_is_not_sent_for_a_later_one_of_the_same_caller() {
+    let queue = queue(1);
+    let told = Told::default();
+    let sent = RefCell::new(0);
+    assert!(admit(&queue, "b"));
+    // a waits; b's call ends and hands the slot to a (first handing)…
+    assert!(!queue.admit("a", || "a-1"));
+    queue.start(&"b");
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["a"]);
+    // …a leaves at its deadline unaware, and takes a slot again (second handing).
+    assert_eq!(queue.leave(&"a", told.hand()), Some("a-1"));
+    assert!(queue.admit("a", || "a-2"));
+    // The first handing's late message finds the second, and is not sent.
+    queue.if_handed(&"a", &"a-1", || *sent.borrow_mut() += 1);
+    assert_eq!(*sent.borrow(), 0);
+    queue.if_handed(&"a", &"a-2", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 1);
 }

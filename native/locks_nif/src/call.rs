@@ -49,14 +49,15 @@ fn callers() -> &'static ResourceArc<Callers> {
 /// Tells a caller in line that it was handed a slot. A caller that died
 /// meanwhile is taken out by its monitor. The VM refuses a message whose
 /// sender is dead: when the call handing the slot was killed while it ran,
-/// a thread of its own sends it instead, with the queue locked again (so
-/// the slot must still be the caller's: none is sent after it left).
-pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid) + '_ {
-    move |pid| {
+/// a thread of its own sends it instead, with the queue locked again, only
+/// while that same slot is still the caller's, by its monitor: none is sent
+/// after the caller left, nor for a slot handed to it since, which was told.
+pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Option<Monitor>) + '_ {
+    move |pid, monitor| {
         if env.send(pid, (atoms::phoenix_kit_agent_locks(), atoms::go())).is_err() {
-            let pid = *pid;
+            let (pid, monitor) = (*pid, *monitor);
             std::thread::spawn(move || {
-                QUEUE.if_handed(&pid, || {
+                QUEUE.if_handed(&pid, &monitor, || {
                     let _ = OwnedEnv::new().send_and_clear(&pid, |_env| {
                         (atoms::phoenix_kit_agent_locks(), atoms::go())
                     });
@@ -98,23 +99,24 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 }
 
 /// `:go` with a slot for the caller, or `{:wait, ms}` until its checkout
-/// deadline, in line. Raises `:not_started` without a pool, `:pool_timeout`
-/// when the deadline has passed already.
+/// deadline, in line; `{:wait, 0}` when the deadline has passed already.
+/// Raises `:not_started` without a pool.
+///
+/// A caller in line always leaves by `leave/0` from its `receive`, never from
+/// here: once it is in line and the queue unlocked, a slot may be handed to
+/// it (its `:go` sent) before it leaves, and only the Elixir side, on its way
+/// out, takes that message out of the mailbox.
 #[rustler::nif]
 fn admit(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
     let pool = global::current().map_err(raise)?;
-    let checkout = pool.settings().checkout_timeout;
     let pid = env.pid();
     if QUEUE.admit(pid, || env.monitor(callers(), &pid)) {
         return Ok(atoms::go().encode(env));
     }
-    let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
-    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns());
-    if left > 0 {
-        return Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env));
-    }
-    unwatch(env, QUEUE.leave(&pid, go(env)).flatten());
-    Err(raise(Error::PoolTimeout(checkout)))
+    let checkout_ns =
+        i64::try_from(pool.settings().checkout_timeout.as_nanos()).unwrap_or(i64::MAX);
+    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).max(0);
+    Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
 }
 
 /// The caller's checkout deadline passed: out of the line (or the slot it
