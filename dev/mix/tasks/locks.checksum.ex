@@ -1,7 +1,7 @@
 defmodule Mix.Tasks.Locks.Checksum do
   @shortdoc "Writes the checksum file of a release's prebuilt NIF libraries"
   @moduledoc """
-  Writes the checksum file, all or nothing: see README.md, "How a release is cut".
+  Writes the checksum file, all or nothing: see CONTRIBUTING.md, "How a release is cut".
 
       mix locks.checksum            # downloads the artifacts from the release
       mix locks.checksum --dir DIR  # reads them from DIR
