@@ -56,7 +56,9 @@ pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Option<Monitor>) + '_ {
     move |pid, monitor| {
         if env.send(pid, (atoms::phoenix_kit_agent_locks(), atoms::go())).is_err() {
             let (pid, monitor) = (*pid, *monitor);
-            std::thread::spawn(move || {
+            // Should the OS refuse a thread (no panic here: the queue is
+            // locked), the caller leaves at its deadline and the slot goes on.
+            let _ = std::thread::Builder::new().spawn(move || {
                 QUEUE.if_handed(&pid, &monitor, || {
                     let _ = OwnedEnv::new().send_and_clear(&pid, |_env| {
                         (atoms::phoenix_kit_agent_locks(), atoms::go())
