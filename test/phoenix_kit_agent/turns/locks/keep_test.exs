@@ -56,6 +56,8 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
 
     test "a lease that expires while keep/5 waits for its row is not revived; a take-over then wins" do
       {chat, user, turn} = held_turn!(@ttl)
+      user_since = fn -> user_since(user) end
+      kept_since = user_since.()
       # Another session makes the lease stale and holds the row until keep/5
       # waits for it: keep/5 re-checks its predicate on the row it then gets.
       gate = TestDB.session!()
@@ -82,7 +84,8 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       TestDB.close(gate)
 
       assert Task.await(keeping) == false
-      assert_lock(:user, user, {turn, 0})
+      # The user's lock is still the turn's, and was not re-dated.
+      assert {TestDB.lock(:user, user) |> elem(0), user_since.()} == {turn, kept_since}
       successor = turn_ref("successor")
       assert Locks.acquire(chat, new_user(), successor, @ttl) == :ok
       assert_lock(:chat, chat, {successor, 0})
@@ -149,4 +152,10 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       end
     end
   end
+
+  defp user_since(user),
+    do:
+      TestDB.value!(
+        "SELECT busy_since::text FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}'"
+      )
 end
