@@ -86,7 +86,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   # Parameters of each statement, in `$n` order, as pgbench variable names.
   @params %{
-    "acquire" => ~w(chat usr ref ttl),
+    # acquire/4 passes the TTL as the hold ($5).
+    "acquire" => ~w(chat usr ref ttl ttl),
     "acquire_user" => ~w(usr click ttl hold),
     "fresh?" => ~w(chat ref ttl),
     "held?" => ~w(chat usr ref),
@@ -359,7 +360,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
               {c, u, r} = {bin(chat("cycle", k)), bin(user("cycle", k)), ref("cycle", k)}
 
               fn ->
-                [[true, _]] = Peer.execute(p, "acquire", [c, u, r, @ttl])
+                [[true, _]] = Peer.execute(p, "acquire", [c, u, r, @ttl, @ttl])
                 _ = Peer.execute(p, "release", [c, u, r])
                 2
               end
@@ -398,7 +399,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
               {c, u, r} = {bin(chat("hot", 0)), bin(user("hot", k)), ref("hot", k)}
 
               fn ->
-                case Peer.execute(p, "acquire", [c, u, r, @ttl]) do
+                case Peer.execute(p, "acquire", [c, u, r, @ttl, @ttl]) do
                   [[true, _]] ->
                     _ = Peer.execute(p, "release", [c, u, r])
                     2
