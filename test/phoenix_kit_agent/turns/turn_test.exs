@@ -178,19 +178,21 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     chat: chat,
     user: user
   } do
-    # Calls cut off after 0.6 s; a 6-second lease, renewed every 2 s.
+    # Calls cut off after 1.4 s (a second of it to open a connection: the
+    # timed-out one is closed, and the retry opens another); a 12-second
+    # lease, renewed every 4 s, retried every 1.3 s after a failure.
     :ok =
       AppEnv.restart(
         url: TestDB.url(),
         checkout_timeout: 200,
-        connect_timeout: 200,
+        connect_timeout: 1_000,
         statement_timeout: 200
       )
 
     psql = TestDB.session!(TestDB.url())
 
     assert {:ok, :kept_after_a_timeout} =
-             Locks.with_turn(chat, user, [ttl_s: 6], fn turn ->
+             Locks.with_turn(chat, user, [ttl_s: 12], fn turn ->
                # The user's row is held by another session: the next renewal
                # waits for it and times out.
                TestDB.query!(
@@ -198,11 +200,11 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
                  psql
                )
 
-               assert next_keep(5_000) == {:failed, :timeout}
+               assert next_keep(8_000) == {:failed, :timeout}
                TestDB.query!("ROLLBACK", psql)
                # Tried again (on a new connection: the timed-out one was
                # closed) until it renews, well within the lease.
-               assert Enum.find(1..5, fn _ -> next_keep(5_000) == :kept end)
+               assert Enum.find(1..5, fn _ -> next_keep(8_000) == :kept end)
                refute Locks.lost?(turn)
                :kept_after_a_timeout
              end)
