@@ -142,6 +142,8 @@ fn run<'a>(
     function: Term<'a>,
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
+    // The slot first, before any term is decoded or the pool looked up: from
+    // here every way out (a bad argument, no pool) frees it.
     let Some(slot) = Slot::start(env) else {
         let checkout = global::current().map_err(raise)?.settings().checkout_timeout;
         return Err(raise(Error::PoolTimeout(checkout)));
