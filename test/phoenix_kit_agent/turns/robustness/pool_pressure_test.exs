@@ -6,6 +6,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
   # while, so that callers really wait for one and time out.
   use ExUnit.Case, async: true
 
+  alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
   alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Scenarios}
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
@@ -43,6 +44,15 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
     end
   end
 
+  # Bursts of 50 concurrent calls until the pool has all its connections
+  # open (a burst opens one for each slot that finds none idle); how many.
+  defp open_all(node, args, tries \\ 10) do
+    Node.call(node, Faults, :timed_many, [List.duplicate({:held?, args}, 50)])
+    %{pool: %{connections: open}} = Node.call(node, Locks, :status, [])
+
+    if open < @pool_size and tries > 1, do: open_all(node, args, tries - 1), else: open
+  end
+
   @tag :slow
   test "1,000 callers on a pool of 5: each call completes or raises :pool_timeout, the " <>
          "server never sees more than 5 connections, and the pool serves at full speed after" do
@@ -73,6 +83,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
       Node.call(node, Scenarios, :sequential, [:held?, [blocked, user, "x"], 50])
 
     baseline_us = best_of_3(node, [blocked, user, "x"])
+
+    # All five connections open before the run: on a loaded machine, four
+    # connects at once can outlast the 200 ms checkout timeout, and then no
+    # caller on the held row would ever get a connection to test with.
+    assert open_all(node, [blocked, user, "x"]) == @pool_size
 
     # Another transaction holds the row of `blocked` for 1.5 s: the calls on
     # it keep their connections busy until it commits.
