@@ -32,8 +32,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   transaction control one call of each function costs on the server
   (`Bench.StatementCounter`, pg_stat_statements under a role of its own;
   without it, `pg_stat_database.xact_commit` deltas), and `overhead` times
-  the steps of one `held?/3` serially, the slot of the queue
-  (`Native.admit/1`) among them.
+  the steps of one `held?/3` serially, a dirty-I/O call that takes a slot
+  of the queue and rejects its argument among them.
 
   The statement texts pgbench runs are read off the wire (`Bench.Wire`):
   a pool of the bench's own runs each public call once through a proxy that
@@ -856,36 +856,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       end
     end
 
-    # A slot and the call's stamp, as Locks takes them (nobody waits here).
-    slot = fn ->
-      start = System.monotonic_time(:nanosecond)
-      :go = Native.admit(start)
-      start
-    end
-
-    # Native.admit/1 alone: each slot it hands out is used right after,
-    # untimed, by a rejected call, so that slots never pile up.
-    admit = fn ->
-      lats =
-        for i <- 1..(200 + n) do
-          start = System.monotonic_time(:nanosecond)
-          t0 = :erlang.monotonic_time()
-          :go = Native.admit(start)
-          t1 = :erlang.monotonic_time()
-          rejected.(start)
-          if i > 200, do: t1 - t0
-        end
-
-      lats |> Enum.reject(&is_nil/1) |> stats()
-    end
-
     rows = [
       {"normal-scheduler NIF, no work (Native.loaded/0)", time.(fn -> Native.loaded() end)},
-      {"a slot alone: Native.admit/1 (normal scheduler)", admit.()},
-      {"a slot + a dirty-I/O NIF that takes it, rejects its argument and frees it (no tokio, no I/O)",
-       time.(fn -> rejected.(slot.()) end)},
-      {"Native.run/3 of held? (a slot, then the NIF: decode, pool, statement, reply)",
-       time.(fn -> true = Native.run(slot.(), :held?, [cb, ub, r]) end)},
+      {"a dirty-I/O NIF that takes a slot, rejects its argument and frees it (no tokio, no I/O)",
+       time.(fn -> rejected.(System.monotonic_time(:nanosecond)) end)},
+      {"Native.run/3 of held? (the slot, decode, pool, statement, reply)",
+       time.(fn -> true = Native.run(System.monotonic_time(:nanosecond), :held?, [cb, ub, r]) end)},
       {"Locks.held?/3 (adds the Elixir argument checks)",
        time.(fn -> true = Locks.held?(c, u, r) end)}
     ]

@@ -344,8 +344,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   # each, `{answer, ended, mailbox}`: `Race.attempt/2`'s value, when the call
   # returned (monotonic, microseconds) and what was left in the caller's
   # mailbox. Any caller can be killed (`kill/1`): its answer is then
-  # `:killed`. `hold_slot/0` takes a slot with `Native.admit/1` and never
-  # starts it.
+  # `:killed`. `hold_slot/0` waits in line for a slot (with `Native.run/3`,
+  # as `Locks.call/3` does), and never starts one it is handed.
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
@@ -375,12 +375,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
     pid =
       spawn(fn ->
-        send(me, {:admitted, Locks.Native.admit(System.monotonic_time(:nanosecond))})
+        {:wait, _ms} = Locks.Native.run(System.monotonic_time(:nanosecond), :held?, [])
+        send(me, {:waiting, self()})
         Process.sleep(:infinity)
       end)
 
     receive do
-      {:admitted, answer} -> {pid, answer}
+      {:waiting, ^pid} -> pid
     end
   end
 

@@ -283,7 +283,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
 
   defp stale_loop(until, counts) do
     if System.monotonic_time(:millisecond) < until do
-      # A stamp older than any checkout timeout: admit/1 finds the deadline gone.
+      # A stamp older than any checkout timeout: run/3 finds the deadline gone.
       start = System.monotonic_time(:nanosecond) - 3_600_000_000_000
       args = [<<:rand.uniform(1_000_000_000_000)::128>>, <<1::128>>, "stale"]
 

@@ -353,13 +353,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # The NIF calls of `function`, by the protocol of native/locks_core/src/queue.rs:
   # with no free slot, the caller waits here, on a normal scheduler, for one.
   def call(function, start, args) do
-    case Native.admit(start) do
-      :go ->
-        Native.run(start, function, args)
-
+    case Native.run(start, function, args) do
       {:wait, wait_ms} ->
         receive do
-          {:phoenix_kit_agent_locks, :go} -> Native.run(start, function, args)
+          {:phoenix_kit_agent_locks, :go} -> call(function, start, args)
           {:phoenix_kit_agent_locks, %Error{} = closed} -> raise closed
         after
           wait_ms ->
@@ -373,6 +370,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
             raise error
         end
+
+      answer ->
+        answer
     end
   end
 

@@ -9,7 +9,7 @@
 //! nothing from outside is unwrapped, and every failure is an [`Error`] that
 //! never carries the password. The NIF (`locks_nif`) only converts terms: it
 //! takes a slot of the [`queue::Queue`], decodes a [`Job`] and runs the
-//! job on [`global::current`] with [`global::block_on`].
+//! job on [`global::current`], on the calling thread.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]

@@ -1,10 +1,10 @@
 //! [`LockPool`]: a pool of connections and the statements; [`LockPool::run`] sends a job's one statement.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use deadpool::managed::{self, Metrics, Object, PoolError, RecycleError, RecycleResult};
 use once_cell::sync::OnceCell;
+use tokio::runtime::Runtime;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::Row as PgRow;
 
@@ -43,46 +43,41 @@ impl Deadline {
 /// The first call of a pool reads the tables' columns (see `schema.rs`) and
 /// builds the statements; from then on a call is one round trip. A call
 /// that times out or loses its connection never hands it on (`discard`).
+///
+/// Each connection has a current-thread tokio runtime of its own, which
+/// only the call holding the connection drives, on the calling thread (a
+/// dirty-I/O scheduler's): it writes the statement, waits in `epoll` and
+/// reads the answer there, as libpq would, and no thread waits for another
+/// or wakes another. Between calls nobody drives a connection, so what
+/// happened to it meanwhile (the server closed it) is caught up at its
+/// next checkout, and it is replaced. The pool waits for nothing: the
+/// queue (`queue.rs`) lets in at most `pool_size` calls, so a call finds
+/// an idle connection or room for a new one; the queue is the one line.
 pub struct LockPool {
-    pool: managed::Pool<Manager>,
+    conns: Mutex<Conns>,
     connector: Connector,
     settings: Settings,
     statements: OnceCell<Arc<Statements>>,
 }
 
-/// Opens and checks connections for deadpool.
-struct Manager {
-    connector: Connector,
-}
-
-impl managed::Manager for Manager {
-    type Type = Conn;
-    type Error = Error;
-
-    async fn create(&self) -> Result<Conn> {
-        self.connector.open().await
-    }
-
-    /// A checkout costs no round trip: a connection whose socket ended is
-    /// known to be closed (its task saw the end) and is replaced.
-    async fn recycle(&self, conn: &mut Conn, _: &Metrics) -> RecycleResult<Error> {
-        if conn.client.is_closed() {
-            Err(RecycleError::message("closed"))
-        } else {
-            Ok(())
-        }
-    }
+/// The pool's connections: the idle ones, how many are open (idle or in a
+/// call), and whether the pool was closed.
+#[derive(Default)]
+struct Conns {
+    idle: Vec<Pooled>,
+    open: usize,
+    closed: bool,
 }
 
 impl LockPool {
     /// Builds the pool (reading the CA file, if one is set, unless TLS is off). Does not connect.
     pub fn new(settings: Settings) -> Result<Self> {
         let connector = Connector::new(&settings)?;
-        let pool = managed::Pool::builder(Manager { connector: connector.clone() })
-            .max_size(settings.pool_size)
-            .build()
-            .map_err(|e| Error::config("pool_size", e.to_string()))?;
-        Ok(LockPool { pool, connector, settings, statements: OnceCell::new() })
+        Ok(LockPool { conns: Mutex::default(), connector, settings, statements: OnceCell::new() })
+    }
+
+    fn conns(&self) -> MutexGuard<'_, Conns> {
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The settings this pool was built from.
@@ -90,56 +85,105 @@ impl LockPool {
         &self.settings
     }
 
-    /// Closes the pool: connections are dropped as they come back, and every
-    /// later call fails with [`Error::NotStarted`].
+    /// Closes the pool: the idle connections now (their sockets are reset),
+    /// the others as their calls end; every later call fails with
+    /// [`Error::NotStarted`].
     pub fn close(&self) {
-        self.pool.close();
+        let idle = {
+            let mut conns = self.conns();
+            conns.closed = true;
+            conns.open -= conns.idle.len();
+            std::mem::take(&mut conns.idle)
+        };
+        drop(idle);
     }
 
-    /// Runs the statement of `def` with `params` on a pooled connection; its rows.
-    async fn query(
+    /// Runs the statement of `def` with `params` on a pooled connection,
+    /// driving it on this thread; its rows. Blocks: never call it inside a
+    /// tokio runtime.
+    fn query(
         &self,
         deadline: Deadline,
         def: &Def,
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<PgRow>> {
-        let mut held = None;
-        let answer = tokio::time::timeout_at(deadline.at.into(), async {
-            let conn = held.insert(self.checkout().await?);
-            let statements = self.statements(conn).await?;
-            // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
-            let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
-            loop {
-                match run(conn, self.settings.prepare, statement, params).await {
-                    Err(err) if err.is_retryable() => continue,
-                    answer => return answer,
+        let mut pooled = self.checkout(deadline)?;
+        let Pooled { conn, runtime } = &mut pooled;
+        // The timer is made inside the runtime, which it needs.
+        let answer = runtime.block_on(async {
+            tokio::time::timeout_at(deadline.at.into(), async {
+                let statements = self.statements(conn).await?;
+                // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
+                let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
+                loop {
+                    match run(conn, self.settings.prepare, statement, params).await {
+                        Err(err) if err.is_retryable() => continue,
+                        answer => return answer,
+                    }
                 }
-            }
-        })
-        .await;
+            })
+            .await
+        });
         match answer {
             Ok(Err(err)) if err.lost_connection() => {
-                if let Some(conn) = held {
-                    self.discard(conn, false).await;
-                }
+                self.discard(pooled, false);
                 Err(err)
             }
-            Ok(answer) => answer,
+            Ok(answer) => {
+                self.checkin(pooled);
+                answer
+            }
             Err(_elapsed) => {
-                if let Some(conn) = held {
-                    self.discard(conn, true).await;
-                }
+                self.discard(pooled, true);
                 Err(Error::Timeout(deadline.budget))
             }
         }
     }
 
-    async fn checkout(&self) -> Result<Object<Manager>> {
-        self.pool.get().await.map_err(|err| match err {
-            PoolError::Backend(err) => err,
-            PoolError::Closed => Error::NotStarted,
-            other => Error::Connect(other.to_string()),
-        })
+    /// An idle connection that the server has not closed (each is caught up
+    /// first), or a new one within `deadline`.
+    fn checkout(&self, deadline: Deadline) -> Result<Pooled> {
+        loop {
+            let idle = {
+                let mut conns = self.conns();
+                if conns.closed {
+                    return Err(Error::NotStarted);
+                }
+                let idle = conns.idle.pop();
+                if idle.is_none() {
+                    conns.open += 1;
+                }
+                idle
+            };
+            let Some(pooled) = idle else { return self.open(deadline) };
+            pooled.runtime.block_on(catch_up());
+            if !pooled.conn.client.is_closed() {
+                return Ok(pooled);
+            }
+            self.conns().open -= 1;
+        }
+    }
+
+    /// A new connection, counted open by `checkout`; uncounted if it fails.
+    fn open(&self, deadline: Deadline) -> Result<Pooled> {
+        let opened = Pooled::open(&self.connector, deadline);
+        if opened.is_err() {
+            self.conns().open -= 1;
+        }
+        opened
+    }
+
+    /// A connection back from a call that answered: idle again, or closed
+    /// when the pool was closed meanwhile.
+    fn checkin(&self, conn: Pooled) {
+        let mut conns = self.conns();
+        if conns.closed {
+            conns.open -= 1;
+            drop(conns);
+            drop(conn);
+        } else {
+            conns.idle.push(conn);
+        }
     }
 
     /// Takes a connection out of the pool for good, in an unknown state (its
@@ -149,17 +193,22 @@ impl LockPool {
     /// was sent: their path is in doubt too, whenever they were opened (one
     /// opened just before the path went silent is as dead), while one that
     /// answered since (a login, another call) has shown its path works.
-    async fn discard(&self, conn: Object<Manager>, cancel: bool) {
-        let conn = Object::take(conn);
-        let sent = conn.sent;
+    fn discard(&self, conn: Pooled, cancel: bool) {
+        let sent = conn.conn.sent;
         if cancel {
-            self.connector.cancel_in_background(conn.client.cancel_token());
+            self.connector.cancel_in_background(conn.conn.client.cancel_token());
         }
+        let doubtful: Vec<Pooled> = {
+            let mut conns = self.conns();
+            let (keep, doubtful) = std::mem::take(&mut conns.idle)
+                .into_iter()
+                .partition(|idle| idle.conn.answered > sent);
+            conns.idle = keep;
+            conns.open -= 1 + doubtful.len();
+            doubtful
+        };
         drop(conn);
-        let _ = self.pool.retain(|idle, _| idle.answered > sent);
-        // Let the runtime drop the aborted connection tasks now, which
-        // resets their sockets, rather than at the next call.
-        catch_up().await;
+        drop(doubtful);
     }
 
     /// The statements, built on the first call from what the catalog says
@@ -183,32 +232,59 @@ impl LockPool {
     }
 
     /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
-    /// each one does, `sql.rs` for how); its answer.
-    pub async fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
-        let rows = self.query(deadline, job.statement(), &job.params()).await;
-        if self.pool.is_closed() {
-            // The pool closed while this call ran: its connection was dropped
-            // on the way back; let the runtime end its task, which closes the
-            // socket now rather than at some later call.
-            catch_up().await;
-        }
-        job.answer(&rows?)
+    /// each one does, `sql.rs` for how); its answer. Blocks the calling
+    /// thread (see [`LockPool`]): never call it inside a tokio runtime.
+    pub fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
+        job.answer(&self.query(deadline, job.statement(), &job.params())?)
     }
 
     /// Connections in the pool, and those of them idle.
     pub fn connections(&self) -> (usize, usize) {
-        let status = self.pool.status();
-        (status.size, status.available)
+        let conns = self.conns();
+        (conns.open, conns.idle.len())
     }
 
-    /// Runs DDL text (from [`crate::schema`]) as one simple-protocol batch.
-    pub async fn run_ddl(&self, deadline: Deadline, ddl: &str) -> Result<()> {
-        let answer = tokio::time::timeout_at(deadline.at.into(), async {
-            let conn = self.checkout().await?;
-            conn.client.batch_execute(ddl).await.map_err(|e| Error::in_flight(&e))
-        })
-        .await;
-        answer.unwrap_or(Err(Error::Timeout(deadline.budget)))
+    /// Runs DDL text (from [`crate::schema`]) as one simple-protocol batch,
+    /// on a connection of its own, closed after: `mix locks.setup` runs
+    /// outside the queue and takes none of its connections. Blocks, as [`LockPool::run`].
+    pub fn run_ddl(&self, deadline: Deadline, ddl: &str) -> Result<()> {
+        let Pooled { conn, runtime } = Pooled::open(&self.connector, deadline)?;
+        let batch = conn.client.batch_execute(ddl);
+        match runtime.block_on(async { tokio::time::timeout_at(deadline.at.into(), batch).await }) {
+            Ok(done) => done.map_err(|e| Error::in_flight(&e)),
+            Err(_elapsed) => Err(Error::Timeout(deadline.budget)),
+        }
+    }
+}
+
+/// A connection and the runtime that drives it, its own (see [`LockPool`]).
+/// Dropped, the connection's task is aborted, then dropped with the runtime,
+/// which resets its socket.
+struct Pooled {
+    conn: Conn,
+    runtime: Runtime,
+}
+
+impl Pooled {
+    /// Opens a connection within `deadline`, on a new current-thread runtime.
+    fn open(connector: &Connector, deadline: Deadline) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Connect(format!("cannot start a tokio runtime: {e}")))?;
+        let opened = runtime.block_on(async {
+            let open = tokio::time::timeout_at(deadline.at.into(), connector.open()).await;
+            open.unwrap_or(Err(Error::Timeout(deadline.budget)))
+        });
+        match opened {
+            Ok(conn) => Ok(Pooled { conn, runtime }),
+            Err(err) => {
+                // Without waiting for a host-name lookup still running on
+                // the runtime's blocking thread.
+                runtime.shutdown_background();
+                Err(err)
+            }
+        }
     }
 }
 
@@ -216,7 +292,7 @@ impl LockPool {
 /// ready: the first yield collects pending socket events (an end of file on
 /// an idle connection) and schedules their tasks, the second runs them, so
 /// a dead connection's client reports `is_closed()`. Two non-blocking
-/// `epoll_wait`s; at once when another thread drives the runtime.
+/// `epoll_wait`s.
 pub(crate) async fn catch_up() {
     tokio::task::yield_now().await;
     tokio::task::yield_now().await;

@@ -2,32 +2,43 @@
 //!
 //! A lock call blocks a dirty-I/O scheduler for as long as its statement
 //! takes. With a database that hangs, calls let in freely would hold every
-//! such scheduler, and the VM's file I/O with them. So a call first takes a
-//! *slot*, on a normal scheduler, and enters a dirty one only with a slot in
-//! hand. There are `limit` slots, one per pooled connection.
+//! such scheduler, and the VM's file I/O with them. So a call runs only
+//! with a *slot*, and there are `limit` slots, one per pooled connection.
 //!
-//! A call is at most two NIF calls, by a caller `K` (a process):
+//! A call is one NIF call, or two when it must wait, by a caller `K` (a
+//! process):
 //!
-//! 1. [`Queue::admit`]: a slot at once when one is free and nobody waits
-//!    (`true`); else a place at the end of the line (`false`), where the
-//!    caller waits on a normal scheduler, until it is handed a slot or its
-//!    checkout deadline passes.
-//! 2. With a slot: [`Queue::start`] when the dirty call begins, and
-//!    [`Queue::finish`] when it ends, whatever its outcome, which hands the
-//!    slot to the first in line. At the deadline instead: [`Queue::leave`],
-//!    out of the line, or giving back a slot handed too late.
+//! 1. [`Queue::start`], as the dirty call begins: the caller's slot when it
+//!    was handed one, or a free slot while nobody waits; the call runs, and
+//!    [`Queue::finish`] when it ends, whatever its outcome, hands the slot
+//!    to the first in line. With no slot, the caller takes a place at the
+//!    end of the line and the call returns at once: the caller waits on a
+//!    normal scheduler until it is handed a slot (then it calls again, and
+//!    starts it) or its checkout deadline passes.
+//! 2. At the deadline instead: [`Queue::leave`], out of the line, or giving
+//!    back a slot handed too late.
 //!
-//! Each slot taken and not started, and each place in line, keeps a `W` of
+//! Each place in line, and each slot handed and not started, keeps a `W` of
 //! the caller's (the NIF's monitor of the process): a caller that dies there
 //! is taken out by [`Queue::leave`] at once, so no slot outlives its caller
-//! and nobody waits behind a dead one. A dirty call runs to its end even
-//! when its process is killed, so a started slot is always finished. Slots
-//! are handed with the queue locked: a caller that leaves finds the message
-//! in its mailbox, and none comes later. The queue keeps no clock: every
-//! caller in line leaves by itself at its deadline.
+//! and nobody waits behind a dead one. A slot taken free is started in the
+//! same call, which runs to its end even when its process is killed, so a
+//! started slot is always finished and needs no watching. Slots are handed
+//! with the queue locked: a caller that leaves finds the message in its
+//! mailbox, and none comes later. The queue keeps no clock: every caller in
+//! line leaves by itself at its deadline.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// What [`Queue::start`] gives a caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Start<W> {
+    /// A slot, started: the `W` of the caller's wait, if it was handed one.
+    Run(Option<W>),
+    /// A place in line.
+    Wait,
+}
 
 /// What the queue holds right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,7 +47,7 @@ pub struct Counts {
     pub limit: usize,
     /// Calls running now.
     pub running: usize,
-    /// Slots taken or handed, and not yet started.
+    /// Slots handed, and not yet started.
     pub handed: usize,
     /// Callers in line.
     pub waiting: usize,
@@ -95,28 +106,27 @@ impl<K: PartialEq, W> Queue<K, W> {
         state.line.drain(..).for_each(out);
     }
 
-    /// A slot for `key` (`true`), or its place at the end of the line
-    /// (`false`). `watch` makes its `W`, kept until the slot starts or the
-    /// caller leaves.
-    pub fn admit(&self, key: K, watch: impl FnOnce() -> W) -> bool {
+    /// Starts the slot of `key`: the one it was handed (`Run(Some(w))`, its
+    /// `W` back), or a free one while nobody waits (`Run(None)`); else `key`
+    /// waits at the end of the line, watched by what `watch` makes, or where
+    /// it already is (`Wait`). A caller `watch` cannot watch (it died while
+    /// asking) is not put in line: it would never leave it.
+    pub fn start(&self, key: K, watch: impl FnOnce() -> Option<W>) -> Start<W> {
         let mut state = self.lock();
-        let free = state.line.is_empty() && state.used() < state.limit;
-        let entry = (key, watch());
-        if free {
-            state.handed.push(entry);
-        } else {
-            state.line.push_back(entry);
+        if let Some(i) = state.handed.iter().position(|(k, _)| *k == key) {
+            state.running += 1;
+            return Start::Run(Some(state.handed.swap_remove(i).1));
         }
-        free
-    }
-
-    /// The slot of `key` starts its call: its `W`, or `None` when `key`
-    /// holds no slot (it was never handed one, or gave it back).
-    pub fn start(&self, key: &K) -> Option<W> {
-        let mut state = self.lock();
-        let i = state.handed.iter().position(|(k, _)| k == key)?;
-        state.running += 1;
-        Some(state.handed.swap_remove(i).1)
+        if state.line.is_empty() && state.used() < state.limit {
+            state.running += 1;
+            return Start::Run(None);
+        }
+        if !state.line.iter().any(|(k, _)| *k == key) {
+            if let Some(watch) = watch() {
+                state.line.push_back((key, watch));
+            }
+        }
+        Start::Wait
     }
 
     /// A started call has ended: its slot goes to the first in line.

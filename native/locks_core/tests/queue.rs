@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 
-use locks_core::queue::{Counts, Queue};
+use locks_core::queue::{Counts, Queue, Start};
 
 type Q = Queue<&'static str, &'static str>;
 
@@ -30,8 +30,18 @@ fn queue(limit: usize) -> Q {
     queue
 }
 
-fn admit(queue: &Q, who: &'static str) -> bool {
-    queue.admit(who, || who)
+/// `who` starts its call, or waits watched by its own name.
+fn start(queue: &Q, who: &'static str) -> Start<&'static str> {
+    queue.start(who, || Some(who))
+}
+
+/// `who` runs with a slot taken free (no watch: it never waited).
+fn free(queue: &Q, who: &'static str) {
+    assert_eq!(start(queue, who), Start::Run(None), "{who} should find a free slot");
+}
+
+fn wait(queue: &Q, who: &'static str) {
+    assert_eq!(start(queue, who), Start::Wait, "{who} should wait");
 }
 
 fn counts(limit: usize, running: usize, handed: usize, waiting: usize) -> Counts {
@@ -39,30 +49,37 @@ fn counts(limit: usize, running: usize, handed: usize, waiting: usize) -> Counts
 }
 
 #[test]
-fn a_slot_at_once_while_one_is_free_then_a_place_in_line() {
+fn a_free_slot_starts_at_once_then_callers_wait_in_line_once_each() {
     let queue = queue(2);
-    assert!(admit(&queue, "a"));
-    assert!(admit(&queue, "b"));
-    assert!(!admit(&queue, "c"));
-    assert_eq!(queue.counts(), counts(2, 0, 2, 1));
-    assert_eq!(queue.start(&"a"), Some("a"));
-    assert_eq!(queue.counts(), counts(2, 1, 1, 1));
+    free(&queue, "a");
+    free(&queue, "b");
+    wait(&queue, "c");
+    // A caller already in line keeps its one place.
+    wait(&queue, "c");
+    assert_eq!(queue.counts(), counts(2, 2, 0, 1));
+}
+
+#[test]
+fn a_caller_that_cannot_be_watched_is_not_put_in_line() {
+    let queue = queue(1);
+    free(&queue, "a");
+    assert_eq!(queue.start("b", || None), Start::Wait);
+    assert_eq!(queue.counts(), counts(1, 1, 0, 0));
 }
 
 #[test]
 fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     let queue = queue(1);
     let told = Told::default();
-    assert!(admit(&queue, "a"));
-    assert_eq!(queue.start(&"a"), Some("a"));
-    assert!(!admit(&queue, "b"));
-    assert!(!admit(&queue, "c"));
+    free(&queue, "a");
+    wait(&queue, "b");
+    wait(&queue, "c");
     queue.finish(told.hand());
     assert_eq!(told.take(), ["b"]);
     // The slot is b's until b starts it or leaves: d waits behind c.
-    assert!(!admit(&queue, "d"));
-    assert_eq!(queue.start(&"c"), None);
-    assert_eq!(queue.start(&"b"), Some("b"));
+    wait(&queue, "d");
+    assert_eq!(queue.counts(), counts(1, 0, 1, 2));
+    assert_eq!(start(&queue, "b"), Start::Run(Some("b")));
     queue.finish(told.hand());
     assert_eq!(told.take(), ["c"]);
 }
@@ -71,10 +88,9 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
 fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
     let queue = queue(1);
     let told = Told::default();
-    assert!(admit(&queue, "a"));
-    queue.start(&"a");
-    assert!(!admit(&queue, "b"));
-    assert!(!admit(&queue, "c"));
+    free(&queue, "a");
+    wait(&queue, "b");
+    wait(&queue, "c");
     assert_eq!(queue.leave(&"b", told.hand()), Some("b"));
     queue.finish(told.hand());
     assert_eq!(told.take(), ["c"]);
@@ -86,28 +102,31 @@ fn a_slot_given_back_unstarted_goes_to_the_next_in_line_at_once() {
     // A caller that died holding it, or was handed it as its deadline passed.
     let queue = queue(1);
     let told = Told::default();
-    assert!(admit(&queue, "a"));
-    assert!(!admit(&queue, "b"));
+    free(&queue, "x");
+    wait(&queue, "a");
+    wait(&queue, "b");
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["a"]);
     assert_eq!(queue.leave(&"a", told.hand()), Some("a"));
     assert_eq!(told.take(), ["b"]);
     assert_eq!(queue.counts(), counts(1, 0, 1, 0));
-    assert_eq!(queue.start(&"a"), None);
+    // a holds nothing now: a new call of a's waits behind b's slot.
+    wait(&queue, "a");
 }
 
 #[test]
 fn closing_empties_the_line_and_hands_nothing_more() {
     let queue = queue(1);
     let told = Told::default();
-    assert!(admit(&queue, "a"));
-    queue.start(&"a");
-    assert!(!admit(&queue, "b"));
-    assert!(!admit(&queue, "c"));
+    free(&queue, "a");
+    wait(&queue, "b");
+    wait(&queue, "c");
     let mut out = Vec::new();
     queue.close(|(who, _)| out.push(who));
     assert_eq!(out, ["b", "c"]);
     queue.finish(told.hand());
     assert!(told.take().is_empty());
-    assert!(!admit(&queue, "d"));
+    wait(&queue, "d");
     // A new pool's size hands the line its slots again.
     queue.resize(1, told.hand());
     assert_eq!(told.take(), ["d"]);
@@ -116,10 +135,13 @@ fn closing_empties_the_line_and_hands_nothing_more() {
 #[test]
 fn a_message_about_a_slot_is_sent_only_while_it_is_unstarted() {
     let queue = queue(1);
+    let told = Told::default();
     let sent = RefCell::new(0);
-    assert!(admit(&queue, "a"));
+    free(&queue, "x");
+    wait(&queue, "a");
+    queue.finish(told.hand());
     queue.if_handed(&"a", &"a", || *sent.borrow_mut() += 1);
-    queue.start(&"a");
+    assert_eq!(start(&queue, "a"), Start::Run(Some("a")));
     queue.if_handed(&"a", &"a", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 1);
 }
@@ -129,15 +151,19 @@ fn a_late_message_about_a_slot_is_not_sent_for_a_later_one_of_the_same_caller() 
     let queue = queue(1);
     let told = Told::default();
     let sent = RefCell::new(0);
-    assert!(admit(&queue, "b"));
+    free(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
-    assert!(!queue.admit("a", || "a-1"));
-    queue.start(&"b");
+    assert_eq!(queue.start("a", || Some("a-1")), Start::Wait);
     queue.finish(told.hand());
     assert_eq!(told.take(), ["a"]);
-    // …a leaves at its deadline unaware, and takes a slot again (second handing).
+    // …a leaves at its deadline unaware, waits again behind c, and is
+    // handed the slot again (second handing).
     assert_eq!(queue.leave(&"a", told.hand()), Some("a-1"));
-    assert!(queue.admit("a", || "a-2"));
+    assert_eq!(told.take(), Vec::<&str>::new());
+    free(&queue, "c");
+    assert_eq!(queue.start("a", || Some("a-2")), Start::Wait);
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["a"]);
     // The first handing's late message finds the second, and is not sent.
     queue.if_handed(&"a", &"a-1", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 0);

@@ -26,25 +26,24 @@ fn rand_bytes() -> [u8; 16] {
     bytes
 }
 
-async fn insert_chat(pool: &LockPool, chat: &Uuid) {
+fn insert_chat(pool: &LockPool, chat: &Uuid) {
     let text = format!("{chat:?}");
     pool.run_ddl(
         common::now(pool.settings()),
         &format!("INSERT INTO phoenix_kit_agent_conversations (uuid) VALUES ('{text}')"),
     )
-    .await
     .expect("a chat row");
 }
 
-async fn every_call(prepare: Prepare) {
+fn every_call(prepare: Prepare) {
     let url = std::env::var("DATABASE_URL").expect("DATABASE_URL (scripts/pg start)");
     let mut settings = common::settings(&url);
     settings.prepare = prepare;
     let pool = LockPool::new(settings.clone()).expect("a pool");
     let at = || common::now(&settings);
     let (chat, other_chat, user) = (uuid(1), uuid(2), uuid(3));
-    insert_chat(&pool, &chat).await;
-    insert_chat(&pool, &other_chat).await;
+    insert_chat(&pool, &chat);
+    insert_chat(&pool, &other_chat);
     let (ttl, hold) =
         (Ttl::new(60).expect("ttl"), Hold::new(10, Ttl::new(60).expect("ttl")).expect("hold"));
     let full = Hold::full(ttl);
@@ -52,10 +51,7 @@ async fn every_call(prepare: Prepare) {
     let other = TurnRef::new("smoke-other").expect("a turn ref");
     let click = ClickRef::new("click:smoke").expect("a click ref");
 
-    let run = |job: Job| {
-        let pool = &pool;
-        async move { pool.run(at(), &job).await.ok() }
-    };
+    let run = |job: Job| pool.run(at(), &job).ok();
     let acquire = |chat: Uuid, user: Uuid, turn: &TurnRef| Job::Acquire {
         chat,
         user,
@@ -72,47 +68,46 @@ async fn every_call(prepare: Prepare) {
         Job::KeepUser { user, click: click.clone(), ttl, hold },
     );
 
-    assert_eq!(run(acquire(chat, user, &turn)).await, Some(Answer::Acquire(Acquire::Acquired)));
+    assert_eq!(run(acquire(chat, user, &turn)), Some(Answer::Acquire(Acquire::Acquired)));
     assert_eq!(
-        run(acquire(chat, uuid(4), &other)).await,
+        run(acquire(chat, uuid(4), &other)),
         Some(Answer::Acquire(Acquire::ConversationBusy))
     );
     assert_eq!(
-        run(acquire(other_chat, user, &other)).await,
+        run(acquire(other_chat, user, &other)),
         Some(Answer::Acquire(Acquire::TurnInFlight))
     );
-    assert_eq!(run(held.clone()).await, Some(Answer::Yes(true)));
-    assert_eq!(run(fresh).await, Some(Answer::Yes(true)));
+    assert_eq!(run(held.clone()), Some(Answer::Yes(true)));
+    assert_eq!(run(fresh), Some(Answer::Yes(true)));
     let keep = Job::Keep { chat, user, turn: turn.clone(), ttl, hold };
-    assert_eq!(run(keep).await, Some(Answer::Yes(true)));
+    assert_eq!(run(keep), Some(Answer::Yes(true)));
     // Every lock of the shared database: its rows are not this test's to count.
-    assert!(matches!(run(Job::HeldLocks { ttl }).await, Some(Answer::Locks(_))));
+    assert!(matches!(run(Job::HeldLocks { ttl }), Some(Answer::Locks(_))));
     let release_stale = Job::ReleaseStale { chat, user, turn: turn.clone(), ttl };
-    assert_eq!(run(release_stale).await, Some(Answer::Yes(false)));
-    assert_eq!(
-        run(acquire_user.clone()).await,
-        Some(Answer::AcquireUser(AcquireUser::TurnInFlight))
-    );
+    assert_eq!(run(release_stale), Some(Answer::Yes(false)));
+    assert_eq!(run(acquire_user.clone()), Some(Answer::AcquireUser(AcquireUser::TurnInFlight)));
     let release = Job::Release { chat, user, turn: turn.clone() };
-    assert_eq!(run(release).await, Some(Answer::Done));
-    assert_eq!(run(held).await, Some(Answer::Yes(false)));
-    assert_eq!(run(acquire_user).await, Some(Answer::AcquireUser(AcquireUser::Acquired)));
+    assert_eq!(run(release), Some(Answer::Done));
+    assert_eq!(run(held), Some(Answer::Yes(false)));
+    assert_eq!(run(acquire_user), Some(Answer::AcquireUser(AcquireUser::Acquired)));
     assert_eq!(
-        run(acquire(other_chat, user, &other)).await,
+        run(acquire(other_chat, user, &other)),
         Some(Answer::Acquire(Acquire::ClickInFlight))
     );
-    assert_eq!(run(keep_user.clone()).await, Some(Answer::Yes(true)));
+    assert_eq!(run(keep_user.clone()), Some(Answer::Yes(true)));
     let release_user = Job::ReleaseUser { user, click: click.clone() };
-    assert_eq!(run(release_user).await, Some(Answer::Done));
-    assert_eq!(run(keep_user).await, Some(Answer::Yes(false)));
+    assert_eq!(run(release_user), Some(Answer::Done));
+    assert_eq!(run(keep_user), Some(Answer::Yes(false)));
 }
 
-#[tokio::test]
-async fn every_call_answers_with_named_statements() {
-    every_call(Prepare::Named).await;
+// Plain tests: a pool's calls block their thread, driving their
+// connection's own runtime, so they never run inside another runtime.
+#[test]
+fn every_call_answers_with_named_statements() {
+    every_call(Prepare::Named);
 }
 
-#[tokio::test]
-async fn every_call_answers_with_unnamed_statements() {
-    every_call(Prepare::Unnamed).await;
+#[test]
+fn every_call_answers_with_unnamed_statements() {
+    every_call(Prepare::Unnamed);
 }

@@ -192,24 +192,13 @@ fn cluster() -> &'static Cluster {
             fs::write(certs.join("ready"), "").expect("marker");
             url = start();
         }
-        // The tables, once: `held` reads both. On a thread of its own: this
-        // runs inside a test's runtime, which cannot block on another.
-        let ddl_url = url.clone();
-        std::thread::spawn(move || {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime")
-                .block_on(async {
-                    let settings = with(&ddl_url, SslMode::Require, None);
-                    LockPool::new(settings.clone())?
-                        .run_ddl(common::now(&settings), &locks_core::schema::tables(None))
-                        .await
-                })
-        })
-        .join()
-        .expect("the DDL thread ends")
-        .expect("the tables can be created over TLS");
+        // The tables, once: `held` reads both.
+        let settings = with(&url, SslMode::Require, None);
+        LockPool::new(settings.clone())
+            .and_then(|pool| {
+                pool.run_ddl(common::now(&settings), &locks_core::schema::tables(None))
+            })
+            .expect("the tables can be created over TLS");
         Cluster { url, certs }
     })
 }
@@ -227,50 +216,49 @@ fn at_host(mut settings: Settings, host: &str) -> Settings {
 
 /// One lock call (`held`) on a fresh pool: a connection, TLS included, and a
 /// statement.
-async fn call(settings: Settings) -> Result<bool, Error> {
+fn call(settings: Settings) -> Result<bool, Error> {
     let pool = LockPool::new(settings.clone())?;
     let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
     let turn = TurnRef::new("turn-tls").expect("a turn ref");
     let job = Job::Held { chat: id, user: id, turn };
-    match pool.run(common::now(&settings), &job).await? {
+    match pool.run(common::now(&settings), &job)? {
         Answer::Yes(held) => Ok(held),
         other => panic!("held answered {other:?}"),
     }
 }
 
-#[tokio::test]
-async fn require_and_prefer_encrypt_without_checking_the_certificate() {
+#[test]
+fn require_and_prefer_encrypt_without_checking_the_certificate() {
     let cluster = cluster();
     for mode in [SslMode::Require, SslMode::Prefer] {
-        assert_eq!(call(with(&cluster.url, mode, None)).await.ok(), Some(false), "{mode:?}");
+        assert_eq!(call(with(&cluster.url, mode, None)).ok(), Some(false), "{mode:?}");
     }
 }
 
-#[tokio::test]
-async fn disable_is_refused_by_this_server_so_success_above_means_tls() {
+#[test]
+fn disable_is_refused_by_this_server_so_success_above_means_tls() {
     let cluster = cluster();
     let err = call(with(&cluster.url, SslMode::Disable, None))
-        .await
         .expect_err("the server refuses plain TCP")
         .to_string();
     assert!(err.contains("no encryption"), "{err}");
 }
 
-#[tokio::test]
-async fn verify_full_with_the_right_ca_and_name_succeeds() {
+#[test]
+fn verify_full_with_the_right_ca_and_name_succeeds() {
     let cluster = cluster();
     let settings =
         at_host(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())), "localhost");
-    assert_eq!(call(settings).await.ok(), Some(false));
+    assert_eq!(call(settings).ok(), Some(false));
 }
 
-#[tokio::test]
-async fn a_wrong_ca_fails_naming_the_certificate() {
+#[test]
+fn a_wrong_ca_fails_naming_the_certificate() {
     let cluster = cluster();
     for mode in [SslMode::VerifyFull, SslMode::VerifyCa] {
         let settings = at_host(with(&cluster.url, mode, Some(cluster.wrong_ca())), "localhost");
         let port = settings.port;
-        let err = call(settings).await.expect_err("an unknown issuer");
+        let err = call(settings).expect_err("an unknown issuer");
         assert!(matches!(err, Error::Connect(_)), "{err:?}");
         assert_eq!(
             err.to_string(),
@@ -283,13 +271,13 @@ async fn a_wrong_ca_fails_naming_the_certificate() {
     }
 }
 
-#[tokio::test]
-async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
+#[test]
+fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     let cluster = cluster();
     // The same server, reached as an address its certificate is not for.
     let full = at_host(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())), "127.0.0.1");
     let port = full.port;
-    let err = call(full).await.expect_err("a certificate for another name").to_string();
+    let err = call(full).expect_err("a certificate for another name").to_string();
     assert_eq!(
         err,
         format!(
@@ -300,5 +288,5 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     );
 
     let ca_only = at_host(with(&cluster.url, SslMode::VerifyCa, Some(cluster.ca())), "127.0.0.1");
-    assert_eq!(call(ca_only).await.ok(), Some(false));
+    assert_eq!(call(ca_only).ok(), Some(false));
 }

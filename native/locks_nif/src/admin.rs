@@ -103,7 +103,7 @@ fn setup(kind: Atom) -> NifResult<Atom> {
     let pool = global::current().map_err(raise)?;
     let ddl = ddl_text(kind, pool.settings().prefix.as_deref())?;
     let deadline = Deadline::new(Instant::now(), pool.settings());
-    global::block_on(pool.run_ddl(deadline, &ddl)).map_err(raise)?.map_err(raise)?;
+    pool.run_ddl(deadline, &ddl).map_err(raise)?;
     Ok(atoms::ok())
 }
 

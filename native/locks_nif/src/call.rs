@@ -1,18 +1,18 @@
 //! How one lock call runs: its slot in the queue (`locks_core::queue`, whose
 //! module doc states the protocol), its deadline, the pool.
 //!
-//! In NIF calls: `admit/1` on a normal scheduler answers `:go` (a slot) or
-//! `{:wait, ms}`; a waiter is sent `{:phoenix_kit_agent_locks, :go}` when
-//! handed a slot, or `{:phoenix_kit_agent_locks, exception}` when the pool
-//! closes; with a slot, `run/3` on a dirty-I/O scheduler runs the call; a
-//! waiter whose checkout deadline passed calls `leave/0` instead, which
+//! In NIF calls: `run/3`, on a dirty-I/O scheduler, runs the call with a
+//! slot, or answers `{:wait, ms}` at once; a waiter is sent
+//! `{:phoenix_kit_agent_locks, :go}` when handed a slot (and calls `run/3`
+//! again), or `{:phoenix_kit_agent_locks, exception}` when the pool closes;
+//! a waiter whose checkout deadline passed calls `leave/0` instead, which
 //! answers the exception to raise.
 
 use std::time::{Duration, Instant};
 
 use std::sync::OnceLock;
 
-use locks_core::queue::Queue;
+use locks_core::queue::{Queue, Start};
 use locks_core::{global, Deadline, Error, Settings};
 use rustler::{
     Encoder, Env, LocalPid, Monitor, NifMap, NifResult, OwnedEnv, Resource, ResourceArc, Term,
@@ -23,9 +23,11 @@ use crate::error::{exception, raise, LocksError};
 use crate::locks::{encode, job};
 
 /// The slots of this VM; its limit is the installed pool's size. Each
-/// caller holding an unstarted slot, or in line, is watched by a monitor
-/// (`None` only if the VM refused one, which it does for dead processes).
-pub static QUEUE: Queue<LocalPid, Option<Monitor>> = Queue::new();
+/// caller in line, or handed a slot it has not started, is watched by a
+/// monitor. The VM refuses one for a process that is dead already (killed
+/// while its `run/3` runs on the dirty scheduler): such a caller is not put
+/// in line.
+pub static QUEUE: Queue<LocalPid, Monitor> = Queue::new();
 
 /// The resource whose monitors tell the queue that a caller died holding a
 /// slot it had not started, or in line.
@@ -52,7 +54,7 @@ fn callers() -> &'static ResourceArc<Callers> {
 /// a thread of its own sends it instead, with the queue locked again, only
 /// while that same slot is still the caller's, by its monitor: none is sent
 /// after the caller left, nor for a slot handed to it since, which was told.
-pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Option<Monitor>) + '_ {
+pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Monitor) + '_ {
     move |pid, monitor| {
         if env.send(pid, (atoms::phoenix_kit_agent_locks(), atoms::go())).is_err() {
             let (pid, monitor) = (*pid, *monitor);
@@ -70,10 +72,10 @@ pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Option<Monitor>) + '_ {
 }
 
 /// Takes a caller out of the line for good, telling it why.
-pub fn tell(env: Env<'_>, why: LocksError) -> impl FnMut((LocalPid, Option<Monitor>)) + '_ {
+pub fn tell(env: Env<'_>, why: LocksError) -> impl FnMut((LocalPid, Monitor)) + '_ {
     let why = why.encode(env);
     move |(pid, monitor)| {
-        unwatch(env, monitor);
+        unwatch(env, Some(monitor));
         let _ = env.send(&pid, (atoms::phoenix_kit_agent_locks(), why));
     }
 }
@@ -100,41 +102,27 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
     Deadline::new(started, settings)
 }
 
-/// `:go` with a slot for the caller, or `{:wait, ms}` until its checkout
-/// deadline, in line; `{:wait, 0}` when the deadline has passed already.
-/// Raises `:not_started` without a pool.
-///
-/// A caller in line always leaves by `leave/0` from its `receive`, never from
-/// here: once it is in line and the queue unlocked, a slot may be handed to
-/// it (its `:go` sent) before it leaves, and only the Elixir side, on its way
-/// out, takes that message out of the mailbox.
-#[rustler::nif]
-fn admit(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
-    let pool = global::current().map_err(raise)?;
-    let pid = env.pid();
-    if QUEUE.admit(pid, || env.monitor(callers(), &pid)) {
-        return Ok(atoms::go().encode(env));
-    }
-    let checkout_ns =
-        i64::try_from(pool.settings().checkout_timeout.as_nanos()).unwrap_or(i64::MAX);
-    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).max(0);
-    Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
-}
-
 /// The caller's checkout deadline passed: out of the line (or the slot it
 /// was handed just now goes back, and its `:go` is in the mailbox). The
 /// exception to raise: `:pool_timeout`, or `:not_started` after a stop.
 #[rustler::nif]
 fn leave(env: Env<'_>) -> LocksError {
-    unwatch(env, QUEUE.leave(&env.pid(), go(env)).flatten());
+    unwatch(env, QUEUE.leave(&env.pid(), go(env)));
     match global::current() {
         Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout_timeout)),
         Err(err) => exception(err),
     }
 }
 
-/// Runs the call with the caller's slot, and frees the slot. Raises
-/// `:pool_timeout` when the caller holds none.
+/// Runs the call with a slot, which it frees at the end; or, with none
+/// free, puts the caller in line and answers `{:wait, ms}` until its
+/// checkout deadline (`{:wait, 0}` when it has passed already). Raises
+/// `:not_started` without a pool.
+///
+/// A caller in line always leaves by `leave/0` from its `receive`, never from
+/// here: once it is in line and the queue unlocked, a slot may be handed to
+/// it (its `:go` sent) before it leaves, and only the Elixir side, on its way
+/// out, takes that message out of the mailbox.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
@@ -142,18 +130,35 @@ fn run<'a>(
     function: Term<'a>,
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
-    // The slot first, before any term is decoded or the pool looked up: from
+    let start: i64 = start.decode()?;
+    let pid = env.pid();
+    // The slot first, before the job is decoded or the pool looked up: from
     // here every way out (a bad argument, no pool) frees it.
-    let Some(slot) = Slot::start(env) else {
-        let checkout = global::current().map_err(raise)?.settings().checkout_timeout;
-        return Err(raise(Error::PoolTimeout(checkout)));
+    let slot = match QUEUE.start(pid, || env.monitor(callers(), &pid)) {
+        Start::Run(watch) => Slot::started(env, watch),
+        Start::Wait => return wait(env, start),
     };
     let pool = global::current().map_err(raise)?;
     let job = job(function, args)?;
-    let deadline = deadline(start.decode()?, pool.settings());
-    let answer = global::block_on(pool.run(deadline, &job)).and_then(|a| a).map_err(raise)?;
+    let answer = pool.run(deadline(start, pool.settings()), &job).map_err(raise)?;
     drop(slot);
     Ok(encode(env, &answer))
+}
+
+/// `{:wait, ms}` for a caller put in line, its checkout deadline's time
+/// left. With no pool (it closed as the caller came) the caller leaves the
+/// line again and `:not_started` is raised.
+fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
+    let checkout = match global::current() {
+        Ok(pool) => pool.settings().checkout_timeout,
+        Err(err) => {
+            unwatch(env, QUEUE.leave(&env.pid(), go(env)));
+            return Err(raise(err));
+        }
+    };
+    let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
+    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).max(0);
+    Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
 }
 
 /// A started slot: finished, and handed to the first in line, when dropped,
@@ -161,9 +166,10 @@ fn run<'a>(
 struct Slot<'a>(Env<'a>);
 
 impl<'a> Slot<'a> {
-    fn start(env: Env<'a>) -> Option<Self> {
-        unwatch(env, QUEUE.start(&env.pid())?);
-        Some(Slot(env))
+    /// The slot `run/3` started; a caller that waited for it is no longer watched.
+    fn started(env: Env<'a>, watch: Option<Monitor>) -> Self {
+        unwatch(env, watch);
+        Slot(env)
     }
 }
 

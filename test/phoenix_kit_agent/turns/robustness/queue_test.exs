@@ -137,10 +137,19 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert chat_ref(y) == nil
   end
 
-  test "a caller killed holding a slot it never started frees it at once", %{app: app} do
+  test "a caller killed holding a slot it was handed and never started frees it at once",
+       %{chats: [x | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
-    assert {holder, :go} = Node.call(node, Queue, :hold_slot, [])
+    blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]}])
+    holder = Node.call(node, Queue, :hold_slot, [])
+    assert %{running: 1, waiting: 1} = status(node)
+
+    TestDB.query!("COMMIT", blocker)
+    assert [{{:ok, :ok}, _, []}] = answers(node, 1)
+    # The slot is the holder's, handed and not started.
+    until!(node, :waiting, 0)
     assert %{running: 1, waiting: 0} = status(node)
+
     assert Node.call(node, Process, :exit, [holder, :kill])
     until!(node, :running, 0)
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
