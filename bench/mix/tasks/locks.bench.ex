@@ -45,8 +45,8 @@ defmodule Mix.Tasks.Locks.Bench do
       right to create a role, `pg_stat_database.xact_commit` deltas, an
       upper bound;
     * `overhead`: the steps of one `held?/3`, serially: a normal-scheduler
-      NIF, the queue's slot alone (`Native.admit/1`), a slot and a
-      dirty-I/O NIF that does no I/O, the whole call.
+      NIF, a dirty-I/O NIF that takes a slot and does no I/O, the whole
+      call.
 
   For each: ops/s and the p50/p99/max latency a caller sees, the same for
   pgbench, their ratio and the p50 difference; the VM's CPU time per op and

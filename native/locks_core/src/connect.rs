@@ -178,8 +178,8 @@ impl Connector {
 
     /// Asks the server to stop the statement running on the connection of
     /// `token`, over a connection of its own, on a thread of its own (the
-    /// caller has been answered, and the shared runtime runs only while a
-    /// call drives it); bounded by the connect timeout. A statement that has
+    /// caller has been answered, and a runtime runs only while a call
+    /// drives it); bounded by the connect timeout. A statement that has
     /// not reached the server cannot be cancelled: the reset of its
     /// connection drops it instead. No thread, no cancel: the statement ends
     /// with the server's own limits, or when it sees its connection gone.
