@@ -25,6 +25,7 @@
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::io;
+use std::mem::MaybeUninit;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -80,6 +81,9 @@ pub(crate) struct Conn {
     pub client: Client,
     /// Aborted on drop, which drops the socket: the connection is reset.
     task: JoinHandle<()>,
+    /// The same socket, duplicated, to look at without driving the task
+    /// ([`Conn::quiet`]); the reset comes when both are closed.
+    probe: socket2::Socket,
     /// Named prepared statements, by the name of the call that runs them.
     pub prepared: Vec<(&'static str, tokio_postgres::Statement)>,
     /// When a statement was last sent on it.
@@ -91,6 +95,16 @@ pub(crate) struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+impl Conn {
+    /// Whether the server sent nothing since the connection was last used:
+    /// one non-blocking peek at its socket. Anything there (an end of file,
+    /// a notice, an error before closing) is for its task to read first.
+    pub fn quiet(&self) -> bool {
+        let mut byte = [MaybeUninit::uninit()];
+        matches!(self.probe.peek(&mut byte), Err(err) if err.kind() == io::ErrorKind::WouldBlock)
     }
 }
 
@@ -148,12 +162,21 @@ impl Connector {
 
     async fn login(&self) -> Result<Conn> {
         let (socket, tls) = self.socket().await?;
+        let probe = match &socket {
+            Either::Left(tcp) => SockRef::from(tcp).try_clone(),
+            Either::Right(unix) => SockRef::from(unix).try_clone(),
+        };
+        // Non-blocking already (tokio's): set again, so that a peek never waits.
+        let probe = probe
+            .and_then(|probe| probe.set_nonblocking(true).map(|()| probe))
+            .map_err(|e| Error::Connect(e.to_string()))?;
         let (client, connection) =
             (self.login.connect_raw(socket, tls).await).map_err(|e| Error::connect(&e))?;
         let now = Instant::now();
         Ok(Conn {
             client,
             task: tokio::spawn(async move { drop(connection.await) }),
+            probe,
             prepared: Vec::new(),
             sent: now,
             answered: now,

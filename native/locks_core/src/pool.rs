@@ -50,7 +50,8 @@ impl Deadline {
 /// reads the answer there, as libpq would, and no thread waits for another
 /// or wakes another. Between calls nobody drives a connection, so what
 /// happened to it meanwhile (the server closed it) is caught up at its
-/// next checkout, and it is replaced. The pool waits for nothing: the
+/// next checkout, and it is replaced; one peek at its socket tells whether
+/// there is anything to catch up (see `Conn::quiet`). The pool waits for nothing: the
 /// queue (`queue.rs`) lets in at most `pool_size` calls, so a call finds
 /// an idle connection or room for a new one; the queue is the one line.
 pub struct LockPool {
@@ -140,8 +141,8 @@ impl LockPool {
         }
     }
 
-    /// An idle connection that the server has not closed (each is caught up
-    /// first), or a new one within `deadline`.
+    /// An idle connection that the server has not closed (one whose socket
+    /// holds something is caught up first), or a new one within `deadline`.
     fn checkout(&self, deadline: Deadline) -> Result<Pooled> {
         loop {
             let idle = {
@@ -156,7 +157,9 @@ impl LockPool {
                 idle
             };
             let Some(pooled) = idle else { return self.open(deadline) };
-            pooled.runtime.block_on(catch_up());
+            if !pooled.conn.quiet() {
+                pooled.runtime.block_on(catch_up());
+            }
             if !pooled.conn.client.is_closed() {
                 return Ok(pooled);
             }

@@ -8,7 +8,9 @@ defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
   @moduletag :slow
 
   setup do
-    parent = Path.join(System.tmp_dir!(), "locks_private_#{System.unique_integer([:positive])}")
+    # Unique across VMs too: two runs of the suite on one machine share /tmp.
+    unique = "#{System.pid()}_#{System.unique_integer([:positive])}"
+    parent = Path.join(System.tmp_dir!(), "locks_private_#{unique}")
     File.mkdir_p!(parent)
     File.chmod!(parent, 0o700)
     dir = Path.join(parent, "pg")
