@@ -165,11 +165,10 @@ impl Connector {
         let probe = match &socket {
             Either::Left(tcp) => SockRef::from(tcp).try_clone(),
             Either::Right(unix) => SockRef::from(unix).try_clone(),
-        };
+        }
+        .map_err(|e| Error::Connect(e.to_string()))?;
         // Non-blocking already (tokio's): set again, so that a peek never waits.
-        let probe = probe
-            .and_then(|probe| probe.set_nonblocking(true).map(|()| probe))
-            .map_err(|e| Error::Connect(e.to_string()))?;
+        probe.set_nonblocking(true).map_err(|e| Error::Connect(e.to_string()))?;
         let (client, connection) =
             (self.login.connect_raw(socket, tls).await).map_err(|e| Error::connect(&e))?;
         let now = Instant::now();

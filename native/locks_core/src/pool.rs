@@ -1,5 +1,6 @@
 //! [`LockPool`]: a pool of connections and the statements; [`LockPool::run`] sends a job's one statement.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -16,8 +17,8 @@ use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Def, Statement, Statements};
 
 /// The one deadline of a call: its caller's start plus
-/// [`Settings::call_timeout`]. Every wait of the call (its turn, the
-/// connection, the statement, retries) ends by it.
+/// [`Settings::call_timeout`]. Every wait of the call (its place in line,
+/// the connection, the statement, retries) ends by it.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
     at: Instant,
@@ -31,9 +32,11 @@ impl Deadline {
         Deadline { at: started + budget, budget }
     }
 
-    /// The earlier of two deadlines.
-    pub fn min(self, other: Deadline) -> Deadline {
-        std::cmp::min_by_key(self, other, |deadline| deadline.at)
+    /// `future`'s result, or [`Error::Timeout`] if the deadline passes
+    /// first. Polled inside a runtime, whose timer it needs.
+    async fn bound<T>(self, future: impl Future<Output = Result<T>>) -> Result<T> {
+        let answer = tokio::time::timeout_at(self.at.into(), future).await;
+        answer.unwrap_or(Err(Error::Timeout(self.budget)))
     }
 }
 
@@ -51,9 +54,10 @@ impl Deadline {
 /// or wakes another. Between calls nobody drives a connection, so what
 /// happened to it meanwhile (the server closed it) is caught up at its
 /// next checkout, and it is replaced; one peek at its socket tells whether
-/// there is anything to catch up (see `Conn::quiet`). The pool waits for nothing: the
-/// queue (`queue.rs`) lets in at most `pool_size` calls, so a call finds
-/// an idle connection or room for a new one; the queue is the one line.
+/// there is anything to catch up (see `Conn::quiet`). The pool waits for
+/// nothing: the queue (`queue.rs`) lets in at most `pool_size` calls, so a
+/// call finds an idle connection or room for a new one; the queue is the
+/// one line.
 pub struct LockPool {
     conns: Mutex<Conns>,
     connector: Connector,
@@ -252,11 +256,9 @@ impl LockPool {
     /// outside the queue and takes none of its connections. Blocks, as [`LockPool::run`].
     pub fn run_ddl(&self, deadline: Deadline, ddl: &str) -> Result<()> {
         let Pooled { conn, runtime } = Pooled::open(&self.connector, deadline)?;
-        let batch = conn.client.batch_execute(ddl);
-        match runtime.block_on(async { tokio::time::timeout_at(deadline.at.into(), batch).await }) {
-            Ok(done) => done.map_err(|e| Error::in_flight(&e)),
-            Err(_elapsed) => Err(Error::Timeout(deadline.budget)),
-        }
+        runtime.block_on(deadline.bound(async {
+            conn.client.batch_execute(ddl).await.map_err(|e| Error::in_flight(&e))
+        }))
     }
 }
 
@@ -275,10 +277,7 @@ impl Pooled {
             .enable_all()
             .build()
             .map_err(|e| Error::Connect(format!("cannot start a tokio runtime: {e}")))?;
-        let opened = runtime.block_on(async {
-            let open = tokio::time::timeout_at(deadline.at.into(), connector.open()).await;
-            open.unwrap_or(Err(Error::Timeout(deadline.budget)))
-        });
+        let opened = runtime.block_on(deadline.bound(connector.open()));
         match opened {
             Ok(conn) => Ok(Pooled { conn, runtime }),
             Err(err) => {
@@ -296,7 +295,7 @@ impl Pooled {
 /// an idle connection) and schedules their tasks, the second runs them, so
 /// a dead connection's client reports `is_closed()`. Two non-blocking
 /// `epoll_wait`s.
-pub(crate) async fn catch_up() {
+async fn catch_up() {
     tokio::task::yield_now().await;
     tokio::task::yield_now().await;
 }

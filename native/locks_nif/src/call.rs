@@ -120,9 +120,10 @@ fn leave(env: Env<'_>) -> LocksError {
 /// `:not_started` without a pool.
 ///
 /// A caller in line always leaves by `leave/0` from its `receive`, never from
-/// here: once it is in line and the queue unlocked, a slot may be handed to
-/// it (its `:go` sent) before it leaves, and only the Elixir side, on its way
-/// out, takes that message out of the mailbox.
+/// here while a pool is installed: once it is in line and the queue unlocked,
+/// a slot may be handed to it (its `:go` sent) before it leaves, and only the
+/// Elixir side, on its way out, takes that message out of the mailbox. (With
+/// no pool the queue has no slots to hand, and `wait` takes it out at once.)
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
