@@ -26,7 +26,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       of a message round trip between two processes, one every millisecond),
       and how long a 1-byte file read waits for a dirty-I/O scheduler, the
       kind the lock calls run on (what the pool size leaves to the rest of
-      the VM).
+      the VM), with more than one caller;
+    * with `--peer postgrex` and the server on this machine, the server's
+      CPU time per statement too (`Bench.CPU.server_ticks/1`).
 
   Besides the workloads: `statements` counts the statements and the
   transaction control one call of each function costs on the server
@@ -80,6 +82,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   @ttl 120
   @hold 30
   @rows_per_ns 50
+  @reads_callers [10, 50]
   @namespaces ~w(cycle hot reads click stmts)
   @workloads ~w(statements overhead cycle hot reads click)
   @statement_rounds 200
@@ -221,9 +224,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     ctx =
       ctx
       |> Map.put(:server, psql!(ctx, ["SHOW server_version"]) |> hd() |> hd())
+      |> Map.put(:postmaster, postmaster(ctx))
       |> Map.put(:stmts, statement_texts(ctx))
 
     Map.put(ctx, :peer, peer(ctx, opts[:peer]))
+  end
+
+  # The server's postmaster when it runs on this machine (its CPU time is
+  # then read around each run), from its checkpointer's pid; else nil.
+  defp postmaster(ctx) do
+    case psql!(ctx, ["SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'"]) do
+      [[pid]] -> CPU.postmaster(String.to_integer(pid))
+      _ -> nil
+    end
   end
 
   # The peer's pool, kept in the process dictionary for run/1 to stop.
@@ -421,14 +434,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     reads =
       if "reads" in ctx.workloads do
-        [
+        for n <- @reads_callers do
           %{
             id: "reads",
-            callers: 10,
+            callers: n,
             unit: "held? + fresh?",
             # Each caller's locks are held, so both answers are true.
             before: fn ->
-              for k <- 0..9,
+              for k <- 0..(n - 1),
                   do:
                     :ok = Locks.acquire(chat("reads", k), user("reads", k), ref("reads", k), @ttl)
             end,
@@ -453,7 +466,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
             script:
               pg_init("reads", ":client_id") <> pg_sql(ctx, "held?") <> pg_sql(ctx, "fresh?")
           }
-        ]
+        end
       else
         []
       end
@@ -591,12 +604,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     for pid <- pids, do: receive(do: ({:ready, ^pid} -> :ok))
     measure_at = :erlang.monotonic_time() + ms(ctx.warmup_ms)
     end_at = measure_at + ms(ctx.duration * 1000)
-    probe_file = Path.join(ctx.tmp, "probe")
-    File.write!(probe_file, "x")
-    probe = Probe.start(interval_ms: 1, from: measure_at, file_io: probe_file)
+    probe = spec.callers > 1 && start_probe(ctx, measure_at)
     for pid <- pids, do: send(pid, {:go, measure_at, end_at})
     sleep_until(measure_at)
     cpu_before = CPU.ticks()
+    server_before = CPU.server_ticks(ctx.postmaster)
 
     {ops, calls, slowest, last} =
       Enum.reduce(pids, {0, 0, 0, measure_at}, fn pid, {o, c, m, t} ->
@@ -607,7 +619,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       end)
 
     cpu_after = CPU.ticks()
-    probe = Probe.stop(probe)
+    server_after = CPU.server_ticks(ctx.postmaster)
+    probe = if probe, do: Probe.stop(probe), else: %{rtt: %{p99: nil}, file_io: nil}
     cpu_call = CPU.per_call_us(cpu_after && cpu_after - cpu_before, calls)
 
     hist
@@ -616,9 +629,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       ops: ops / seconds(last - measure_at),
       cpu_call: cpu_call,
       cpu_op: cpu_call && cpu_call * calls / ops,
+      cpu_server_call: CPU.per_call_us(server_after && server_after - server_before, calls),
       probe: probe.rtt,
       file_io: probe.file_io
     })
+  end
+
+  # The probe runs where callers share the VM: at one caller its thousand
+  # round trips and file reads a second would be a load of their own on a
+  # VM that otherwise waits, one pgbench does not have.
+  defp start_probe(ctx, from) do
+    file = Path.join(ctx.tmp, "probe")
+    File.write!(file, "x")
+    Probe.start(interval_ms: 1, from: from, file_io: file)
   end
 
   defp ms(ms), do: System.convert_time_unit(ms, :millisecond, :native)
@@ -904,10 +927,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     VM's (every BEAM thread's utime + stime from /proc/self/task/*/stat over
     the timed part, #{CPU.hz()} ticks a second) per op and per call, and
     pgbench's own per transaction (an op); the server's is in neither. While
-    the library side ran, every millisecond: probe p99, the round trip of a
-    message between two processes on normal schedulers; file read p99, a
-    1-byte `File.read/1`, which needs a dirty-I/O scheduler as the lock
-    calls do.
+    the library side ran with more than one caller, every millisecond: probe
+    p99, the round trip of a message between two processes on normal
+    schedulers; file read p99, a 1-byte `File.read/1`, which needs a
+    dirty-I/O scheduler as the lock calls do. At one caller no probe runs: it
+    would be a load pgbench does not have.
     """
 
     tables =
@@ -1027,7 +1051,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           sides = Enum.map(cases, & &1[side])
 
           merged =
-            Map.new([:ops, :p50, :p99, :max, :cpu_op, :cpu_call], fn k ->
+            Map.new([:ops, :p50, :p99, :max, :cpu_op, :cpu_call, :cpu_server_call], fn k ->
               {k, med(Enum.map(sides, & &1[k]))}
             end)
 
@@ -1115,6 +1139,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           peer_cpu: med(Enum.map(cases, & &1.postgrex.cpu_call)),
           lib_ops: med(Enum.map(cases, & &1.library.ops)),
           peer_ops: med(Enum.map(cases, & &1.postgrex.ops)),
+          server:
+            Enum.map([:library, :postgrex], fn s ->
+              med(Enum.map(cases, & &1[s].cpu_server_call))
+            end),
           p50:
             Enum.map([:library, :postgrex, :pgbench], fn s ->
               med(Enum.map(cases, & &1[s].p50))
@@ -1126,16 +1154,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     rows =
       for r <- ratios do
         [lp, pp, gp] = r.p50
+        [ls, ps] = r.server
 
         "| #{r.id} | #{r.callers} | #{fmt(r.lib_ops)} | #{fmt(r.peer_ops)} | #{spread(r.ops)} " <>
           "| #{fmt(r.lib_cpu, 1)} | #{fmt(r.peer_cpu, 1)} | #{spread(r.cpu)} " <>
+          "| #{fmt(ls, 1)} / #{fmt(ps, 1)} " <>
           "| #{fmt(lp)} / #{fmt(pp)} / #{fmt(gp)} | #{spread(r.dp50, 0)} |"
       end
 
     find = fn id, n -> Enum.find(ratios, &(&1.id == id and &1.callers == n)) end
 
     targets =
-      for {id, n} <- [{"cycle", 10}, {"cycle", 50}, {"reads", 10}],
+      for {id, n} <- [{"cycle", 10}, {"cycle", 50}, {"reads", 10}, {"reads", 50}],
           r = find.(id, n),
           {ok, text} <- [
             {med(r.ops) >= 1.3,
@@ -1166,10 +1196,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       `Postgrex.execute/4` from the same N processes, a pool of the same size),
       timed as the library is, in the same runs. Ratios are library ÷ Postgrex,
       run by run: the median, then the range over #{length(runs)} run(s). CPU is
-      the VM's per statement (every BEAM thread's utime + stime). p50 is of an op.
+      the VM's per statement (every BEAM thread's utime + stime); the server's
+      (its postmaster's and every child's, when it runs on this machine) is
+      apart. p50 is of an op.
 
-      | workload | callers | library ops/s | Postgrex ops/s | throughput ratio | library CPU µs/statement | Postgrex CPU µs/statement | CPU ratio | p50 µs library / Postgrex / pgbench | Δp50 library − pgbench µs |
-      |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|
+      | workload | callers | library ops/s | Postgrex ops/s | throughput ratio | library CPU µs/statement | Postgrex CPU µs/statement | CPU ratio | server CPU µs/statement library / Postgrex | p50 µs library / Postgrex / pgbench | Δp50 library − pgbench µs |
+      |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
       #{Enum.join(rows, "\n")}
 
       | target (issue 20, medians) | |
