@@ -370,6 +370,32 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     :ok
   end
 
+  # `enter_slot/0` is handed a free slot by `Native.enter/1` (the way of a
+  # caller that saw the queue full) and never starts it.
+  def enter_slot do
+    me = self()
+
+    pid =
+      spawn(fn ->
+        :go = Locks.Native.enter(System.monotonic_time(:nanosecond))
+        send(me, {:handed, self()})
+        Process.sleep(:infinity)
+      end)
+
+    receive do
+      {:handed, ^pid} -> pid
+    end
+  end
+
+  # Sets the hint that the queue is full, as a `{:wait, ms}` answer does;
+  # the hint after one `held?/3` call.
+  def full_then_call(chat, user) do
+    full = :persistent_term.get({Locks.Native, :full})
+    :atomics.put(full, 1, 1)
+    answer = Locks.held?(chat, user, "t")
+    {answer, :atomics.get(full, 1)}
+  end
+
   def hold_slot do
     me = self()
 

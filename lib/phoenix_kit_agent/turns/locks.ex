@@ -352,27 +352,52 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc false
   # The NIF calls of `function`, by the protocol of native/locks_core/src/queue.rs:
   # with no free slot, the caller waits here, on a normal scheduler, for one.
+  # `full` (an :atomics, 1 while the queue was full when a caller last
+  # looked) sends a caller into line from here, by enter/1, instead of by a
+  # round trip of run/3 through a dirty-I/O scheduler.
   def call(function, start, args) do
+    full = :persistent_term.get({Native, :full}, nil)
+
+    if full && :atomics.get(full, 1) == 1 do
+      case Native.enter(start) do
+        :go ->
+          :atomics.put(full, 1, 0)
+          run_call(function, start, args, nil)
+
+        {:wait, wait_ms} ->
+          wait(function, start, args, wait_ms)
+      end
+    else
+      run_call(function, start, args, full)
+    end
+  end
+
+  defp run_call(function, start, args, full) do
     case Native.run(start, function, args) do
       {:wait, wait_ms} ->
-        receive do
-          {:phoenix_kit_agent_locks, :go} -> call(function, start, args)
-          {:phoenix_kit_agent_locks, %Error{} = closed} -> raise closed
-        after
-          wait_ms ->
-            error = Native.leave()
-            # A slot handed as the deadline passed went back: its message is here.
-            receive do
-              {:phoenix_kit_agent_locks, _} -> :ok
-            after
-              0 -> :ok
-            end
-
-            raise error
-        end
+        if full, do: :atomics.put(full, 1, 1)
+        wait(function, start, args, wait_ms)
 
       answer ->
         answer
+    end
+  end
+
+  defp wait(function, start, args, wait_ms) do
+    receive do
+      {:phoenix_kit_agent_locks, :go} -> run_call(function, start, args, nil)
+      {:phoenix_kit_agent_locks, %Error{} = closed} -> raise closed
+    after
+      wait_ms ->
+        error = Native.leave()
+        # A slot handed as the deadline passed went back: its message is here.
+        receive do
+          {:phoenix_kit_agent_locks, _} -> :ok
+        after
+          0 -> :ok
+        end
+
+        raise error
     end
   end
 

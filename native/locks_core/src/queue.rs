@@ -5,8 +5,8 @@
 //! such scheduler, and the VM's file I/O with them. So a call runs only
 //! with a *slot*, and there are `limit` slots, one per pooled connection.
 //!
-//! A call is one NIF call, or two when it must wait, by a caller `K` (a
-//! process):
+//! A call is one NIF call, or two when the queue is or was full, by a
+//! caller `K` (a process):
 //!
 //! 1. [`Queue::start`], as the dirty call begins: the caller's slot when it
 //!    was handed one, or a free slot while nobody waits; the call runs, and
@@ -17,6 +17,13 @@
 //!    starts it) or its checkout deadline passes.
 //! 2. At the deadline instead: [`Queue::leave`], out of the line, or giving
 //!    back a slot handed too late.
+//!
+//! While the queue was full when a caller last looked (a hint the caller's
+//! side keeps), a caller begins with [`Queue::enter`] instead, on a normal
+//! scheduler: it is handed a free slot (and starts it by its dirty call) or
+//! takes its place in line, so that waiting costs no round trip through a
+//! dirty-I/O scheduler. A hint that is wrong costs one cheap call, never a
+//! wrong answer.
 //!
 //! Each place in line, and each slot handed and not started, keeps a `W` of
 //! the caller's (the NIF's monitor of the process): a caller that dies there
@@ -127,6 +134,28 @@ impl<K: PartialEq, W> Queue<K, W> {
             }
         }
         Start::Wait
+    }
+
+    /// For a caller that expects to wait, before its dirty call: a free slot
+    /// while nobody waits is handed to `key` (`true`: it starts it by
+    /// [`Queue::start`] next), watched by what `watch` makes; else `key`
+    /// waits at the end of the line, or where it already is (`false`).
+    pub fn enter(&self, key: K, watch: impl FnOnce() -> Option<W>) -> bool {
+        let mut state = self.lock();
+        if state.handed.iter().any(|(k, _)| *k == key) {
+            return true;
+        }
+        if state.line.iter().any(|(k, _)| *k == key) {
+            return false;
+        }
+        let Some(watch) = watch() else { return false };
+        if state.line.is_empty() && state.used() < state.limit {
+            state.handed.push((key, watch));
+            true
+        } else {
+            state.line.push_back((key, watch));
+            false
+        }
     }
 
     /// A started call has ended: its slot goes to the first in line.

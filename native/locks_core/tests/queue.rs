@@ -170,3 +170,36 @@ fn a_late_message_about_a_slot_is_not_sent_for_a_later_one_of_the_same_caller() 
     queue.if_handed(&"a", &"a-2", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 1);
 }
+
+#[test]
+fn a_caller_that_expects_to_wait_is_handed_a_free_slot_or_waits_in_line() {
+    let queue = queue(2);
+    // A free slot, nobody waiting: handed, watched, and started next.
+    assert!(queue.enter("a", || Some("a")));
+    assert_eq!(queue.counts(), counts(2, 0, 1, 0));
+    assert!(queue.enter("a", || Some("a")), "a keeps the slot it was handed");
+    assert_eq!(start(&queue, "a"), Start::Run(Some("a")));
+    free(&queue, "b");
+    // No free slot: in line, once.
+    assert!(!queue.enter("c", || Some("c")));
+    assert!(!queue.enter("c", || Some("c")));
+    // A caller that cannot be watched is neither handed a slot nor in line.
+    assert!(!queue.enter("d", || None));
+    assert_eq!(queue.counts(), counts(2, 2, 0, 1));
+    let told = Told::default();
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["c"]);
+}
+
+#[test]
+fn a_caller_entering_while_a_handed_slot_is_unstarted_waits_behind_it() {
+    let queue = queue(1);
+    free(&queue, "a");
+    wait(&queue, "b");
+    // A free slot goes to the first in line, never to a newcomer.
+    let told = Told::default();
+    queue.finish(told.hand());
+    assert_eq!(told.take(), ["b"]);
+    assert!(!queue.enter("c", || Some("c")));
+    assert_eq!(queue.counts(), counts(1, 0, 1, 1));
+}

@@ -2,7 +2,9 @@
 //! module doc states the protocol), its deadline, the pool.
 //!
 //! In NIF calls: `run/3`, on a dirty-I/O scheduler, runs the call with a
-//! slot, or answers `{:wait, ms}` at once; a waiter is sent
+//! slot, or answers `{:wait, ms}` at once; `enter/1`, on a normal scheduler,
+//! answers `:go` (a free slot handed: `run/3` starts it) or `{:wait, ms}`,
+//! for a caller that saw the queue full; a waiter is sent
 //! `{:phoenix_kit_agent_locks, :go}` when handed a slot (and calls `run/3`
 //! again), or `{:phoenix_kit_agent_locks, exception}` when the pool closes;
 //! a waiter whose checkout deadline passed calls `leave/0` instead, which
@@ -144,6 +146,21 @@ fn run<'a>(
     let answer = pool.run(deadline(start, pool.settings()), &job).map_err(raise)?;
     drop(slot);
     Ok(encode(env, &answer))
+}
+
+/// For a caller that expects to wait (the Elixir side saw the queue full):
+/// on a normal scheduler, a free slot is handed to it (`:go`, and its
+/// `run/3` next starts it), or it waits in line (`{:wait, ms}`, as from
+/// `run/3`), without a dirty-I/O scheduler's round trip.
+#[rustler::nif]
+fn enter<'a>(env: Env<'a>, start: Term<'a>) -> NifResult<Term<'a>> {
+    let start: i64 = start.decode()?;
+    let pid = env.pid();
+    if QUEUE.enter(pid, || env.monitor(callers(), &pid)) {
+        Ok(atoms::go().encode(env))
+    } else {
+        wait(env, start)
+    }
 }
 
 /// `{:wait, ms}` for a caller put in line, its checkout deadline's time

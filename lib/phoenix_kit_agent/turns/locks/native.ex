@@ -22,6 +22,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
       # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
       :ok ->
         :persistent_term.put({__MODULE__, :click_prefix}, click_prefix())
+        :persistent_term.put({__MODULE__, :full}, :atomics.new(1, []))
 
       {:error, {:upgrade, _}} ->
         {:error, :running_version_keeps_the_nif}
@@ -43,6 +44,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
   # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).
   def run(_start, _function, _args), do: not_loaded()
+  def enter(_start), do: not_loaded()
   def leave, do: not_loaded()
   def status, do: not_loaded()
 

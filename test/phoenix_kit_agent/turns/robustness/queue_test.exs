@@ -155,6 +155,25 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
+  test "a caller handed a free slot by enter/1 and killed before it starts it frees it at once",
+       %{app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "warm"]) == false
+    holder = Node.call(node, Queue, :enter_slot, [])
+    assert %{running: 1, waiting: 0} = status(node)
+
+    assert Node.call(node, Process, :exit, [holder, :kill])
+    until!(node, :running, 0)
+    assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
+  end
+
+  test "with the queue seen full, a call that finds a slot free runs on it and clears the hint",
+       %{app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    assert Node.call(node, Queue, :full_then_call, [TestDB.uuid(), TestDB.uuid()]) == {false, 0}
+    assert %{running: 0, waiting: 0} = status(node)
+  end
+
   test "a call whose caller is killed while it runs ends, frees the slot, and the next " <>
          "in line runs",
        %{chats: [x, y | _], app: app} do
