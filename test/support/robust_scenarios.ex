@@ -396,6 +396,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     {answer, :atomics.get(full, 1)}
   end
 
+  # A call stamped far in the future (by `Locks.call/3` itself), while the
+  # slots are held: what it raised, and what is left in this mailbox.
+  def future_call do
+    raised =
+      try do
+        stamp = System.monotonic_time(:nanosecond) + 10 ** 17
+        Locks.call(:held?, stamp, [<<1::128>>, <<2::128>>, "f"])
+      rescue
+        e -> e
+      end
+
+    {raised, Process.info(self(), :messages)}
+  end
+
   def hold_slot do
     me = self()
 

@@ -151,7 +151,8 @@ fn run<'a>(
 /// For a caller that expects to wait (the Elixir side saw the queue full):
 /// on a normal scheduler, a free slot is handed to it (`:go`, and its
 /// `run/3` next starts it), or it waits in line (`{:wait, ms}`, as from
-/// `run/3`), without a dirty-I/O scheduler's round trip.
+/// `run/3`, and leaves it as `run/3`'s doc says), without a dirty-I/O
+/// scheduler's round trip. Raises `:not_started` without a pool.
 #[rustler::nif]
 fn enter<'a>(env: Env<'a>, start: Term<'a>) -> NifResult<Term<'a>> {
     let start: i64 = start.decode()?;
@@ -164,8 +165,10 @@ fn enter<'a>(env: Env<'a>, start: Term<'a>) -> NifResult<Term<'a>> {
 }
 
 /// `{:wait, ms}` for a caller put in line, its checkout deadline's time
-/// left. With no pool (it closed as the caller came) the caller leaves the
-/// line again and `:not_started` is raised.
+/// left: at most the checkout timeout, since a stamp from the future counts
+/// as now (as for the statement's deadline). With no pool (it closed as the
+/// caller came) the caller leaves the line again and `:not_started` is
+/// raised.
 fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
     let checkout = match global::current() {
         Ok(pool) => pool.settings().checkout_timeout,
@@ -175,7 +178,7 @@ fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
         }
     };
     let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
-    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).max(0);
+    let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).clamp(0, checkout_ns);
     Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
 }
 

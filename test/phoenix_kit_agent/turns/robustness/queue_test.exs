@@ -167,6 +167,20 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
+  test "a caller whose stamp is from the future waits in line no longer than checkout_timeout",
+       %{app: app} do
+    node = node!(app, checkout_timeout: 100)
+    assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "warm"]) == false
+    holder = Node.call(node, Queue, :enter_slot, [])
+
+    assert {%Error{reason: :pool_timeout}, {:messages, []}} =
+             Node.call(node, Queue, :future_call, [])
+
+    assert %{running: 1, waiting: 0} = status(node)
+    assert Node.call(node, Process, :exit, [holder, :kill])
+    until!(node, :running, 0)
+  end
+
   test "with the queue seen full, a call that finds a slot free runs on it and clears the hint",
        %{app: app} do
     node = node!(app, checkout_timeout: 10_000)
