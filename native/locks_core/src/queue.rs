@@ -106,7 +106,9 @@ impl<K: PartialEq, W> Queue<K, W> {
 
     /// Takes every slot away and empties the line (the pool is closed): each
     /// caller in line is given back to `out`, to be told. Slots already
-    /// handed stay theirs: their calls find no pool and end at once.
+    /// handed stay theirs until started or left: a call that starts one
+    /// finds no pool and ends at once, or, after a new pool is installed,
+    /// runs on it, counted against its size.
     pub fn close(&self, out: impl FnMut((K, W))) {
         let mut state = self.lock();
         state.limit = 0;
