@@ -126,15 +126,11 @@ impl<K: PartialEq, W> Queue<K, W> {
             state.running += 1;
             return Start::Run(Some(state.handed.swap_remove(i).1));
         }
-        if state.line.is_empty() && state.used() < state.limit {
+        if state.free() {
             state.running += 1;
             return Start::Run(None);
         }
-        if !state.line.iter().any(|(k, _)| *k == key) {
-            if let Some(watch) = watch() {
-                state.line.push_back((key, watch));
-            }
-        }
+        state.line_up(key, watch);
         Start::Wait
     }
 
@@ -147,17 +143,13 @@ impl<K: PartialEq, W> Queue<K, W> {
         if state.handed.iter().any(|(k, _)| *k == key) {
             return true;
         }
-        if state.line.iter().any(|(k, _)| *k == key) {
-            return false;
-        }
-        let Some(watch) = watch() else { return false };
-        if state.line.is_empty() && state.used() < state.limit {
+        if state.free() {
+            let Some(watch) = watch() else { return false };
             state.handed.push((key, watch));
-            true
-        } else {
-            state.line.push_back((key, watch));
-            false
+            return true;
         }
+        state.line_up(key, watch);
+        false
     }
 
     /// A started call has ended: its slot goes to the first in line.
@@ -206,6 +198,23 @@ impl<K: PartialEq, W> Queue<K, W> {
             running: state.running,
             handed: state.handed.len(),
             waiting: state.line.len(),
+        }
+    }
+}
+
+impl<K: PartialEq, W> State<K, W> {
+    /// Whether a newcomer may have a slot: one is free and nobody waits.
+    fn free(&self) -> bool {
+        self.line.is_empty() && self.used() < self.limit
+    }
+
+    /// `key` at the end of the line, watched by what `watch` makes, unless
+    /// it is in line already or cannot be watched (it would never leave).
+    fn line_up(&mut self, key: K, watch: impl FnOnce() -> Option<W>) {
+        if !self.line.iter().any(|(k, _)| *k == key) {
+            if let Some(watch) = watch() {
+                self.line.push_back((key, watch));
+            }
         }
     }
 }
