@@ -372,20 +372,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
   # `enter_slot/0` is handed a free slot by `Native.enter/1` (the way of a
   # caller that saw the queue full) and never starts it.
-  def enter_slot do
-    me = self()
-
-    pid =
-      spawn(fn ->
-        :go = Locks.Native.enter(System.monotonic_time(:nanosecond))
-        send(me, {:handed, self()})
-        Process.sleep(:infinity)
-      end)
-
-    receive do
-      {:handed, ^pid} -> pid
-    end
-  end
+  def enter_slot, do: park(fn stamp -> :go = Locks.Native.enter(stamp) end)
 
   # Sets the hint that the queue is full, as a `{:wait, ms}` answer does;
   # the hint after one `held?/3` call.
@@ -410,18 +397,22 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     {raised, Process.info(self(), :messages)}
   end
 
-  def hold_slot do
+  def hold_slot, do: park(fn stamp -> {:wait, _ms} = Locks.Native.run(stamp, :held?, []) end)
+
+  # A process that makes the first NIF call of a lock call (`first`, given a
+  # fresh stamp) and never the next: its pid, once that call has answered.
+  defp park(first) do
     me = self()
 
     pid =
       spawn(fn ->
-        {:wait, _ms} = Locks.Native.run(System.monotonic_time(:nanosecond), :held?, [])
-        send(me, {:waiting, self()})
+        first.(System.monotonic_time(:nanosecond))
+        send(me, {:parked, self()})
         Process.sleep(:infinity)
       end)
 
     receive do
-      {:waiting, ^pid} -> pid
+      {:parked, ^pid} -> pid
     end
   end
 
