@@ -370,9 +370,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     :ok
   end
 
-  # `enter_slot/0` is handed a free slot by `Native.enter/1` (the way of a
+  # `enter_slot/0` is handed a free slot by `Native.enter/3` (the way of a
   # caller that saw the queue full) and never starts it.
-  def enter_slot, do: park(fn stamp -> :go = Locks.Native.enter(stamp) end)
+  def enter_slot, do: park(fn stamp -> :go = Locks.Native.enter(stamp, :held?, held_args()) end)
 
   # Sets the hint that the queue is full, as a `{:wait, ms}` answer does;
   # the hint after one `held?/3` call.
@@ -397,7 +397,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     {raised, Process.info(self(), :messages)}
   end
 
-  def hold_slot, do: park(fn stamp -> {:wait, _ms} = Locks.Native.run(stamp, :held?, []) end)
+  def hold_slot,
+    do: park(fn stamp -> {:wait, _ms} = Locks.Native.run(stamp, :held?, held_args()) end)
+
+  defp held_args, do: [<<1::128>>, <<2::128>>, "parked"]
 
   # A process that makes the first NIF call of a lock call (`first`, given a
   # fresh stamp) and never the next: its pid, once that call has answered.
@@ -454,6 +457,33 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
       {:answers, from, n} -> collect(answers, {from, n})
       {:count, from} -> send(from, {:count, map_size(answers)}) && collect(answers, asker)
     end
+  end
+
+  # From now on, records whether caller `i` calls `Native.leave/0` (its
+  # checkout deadline passed); `until_left/0` waits (10 s at most) until it has.
+  def watch_leave(i) do
+    watcher = spawn(fn -> leave_watch(false) end)
+    Process.register(watcher, Module.concat(__MODULE__, LeaveWatch))
+    :erlang.trace_pattern({Locks.Native, :leave, 0}, true, [:global])
+    1 = :erlang.trace(Process.whereis(name(i)), true, [:call, {:tracer, watcher}])
+    :ok
+  end
+
+  defp leave_watch(left) do
+    receive do
+      {:trace, _, :call, {Locks.Native, :leave, []}} -> leave_watch(true)
+      {:left?, from} -> send(from, {:left?, left}) && leave_watch(left)
+    end
+  end
+
+  def until_left do
+    Faults.until(
+      fn ->
+        send(Module.concat(__MODULE__, LeaveWatch), {:left?, self()})
+        receive do: ({:left?, left} -> left)
+      end,
+      10_000
+    )
   end
 
   defp name(i), do: Module.concat(__MODULE__, "Caller#{i}")

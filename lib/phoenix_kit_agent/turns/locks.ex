@@ -351,15 +351,16 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc false
   # The NIF calls of `function`, by the protocol of native/locks_core/src/queue.rs:
-  # with no free slot, the caller waits here, on a normal scheduler, for one.
-  # `full` (an :atomics, 1 while the queue was full when a caller last
-  # looked) sends a caller into line from here, by enter/1, instead of by a
-  # round trip of run/3 through a dirty-I/O scheduler.
+  # with no free slot, the caller's call waits in line, and the caller here,
+  # on a normal scheduler, for its answer (the call was run from the line)
+  # or for a slot. `full` (an :atomics, 1 while the queue was full when a
+  # caller last looked) sends a caller into line from here, by enter/3,
+  # instead of by a round trip of run/3 through a dirty-I/O scheduler.
   def call(function, start, args) do
     full = :persistent_term.get({Native, :full}, nil)
 
     if full && :atomics.get(full, 1) == 1 do
-      case Native.enter(start) do
+      case Native.enter(start, function, args) do
         :go ->
           :atomics.put(full, 1, 0)
           run_call(function, start, args, nil)
@@ -386,20 +387,30 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp wait(function, start, args, wait_ms) do
     receive do
       {:phoenix_kit_agent_locks, :go} -> run_call(function, start, args, nil)
-      {:phoenix_kit_agent_locks, %Error{} = closed} -> raise closed
+      {:phoenix_kit_agent_locks, reply} -> reply!(reply)
     after
       wait_ms ->
-        error = Native.leave()
-        # A slot handed as the deadline passed went back: its message is here.
-        receive do
-          {:phoenix_kit_agent_locks, _} -> :ok
-        after
-          0 -> :ok
-        end
+        case Native.leave() do
+          :taken ->
+            receive do
+              {:phoenix_kit_agent_locks, reply} -> reply!(reply)
+            end
 
-        raise error
+          error ->
+            # A slot handed, or an answer sent, as the deadline passed: its
+            # message is here.
+            receive do
+              {:phoenix_kit_agent_locks, {:answer, answer}} -> answer
+              {:phoenix_kit_agent_locks, _} -> raise error
+            after
+              0 -> raise error
+            end
+        end
     end
   end
+
+  defp reply!({:answer, answer}), do: answer
+  defp reply!(%Error{} = error), do: raise(error)
 
   ## Argument checks: each raises ArgumentError naming the argument before
   ## anything reaches the native side, which refuses, unworded, what it cannot use.

@@ -5,18 +5,25 @@
 //! such scheduler, and the VM's file I/O with them. So a call runs only
 //! with a *slot*, and there are `limit` slots, one per pooled connection.
 //!
-//! A call is one NIF call, or two when the queue is or was full, by a
-//! caller `K` (a process):
+//! A call is one NIF call, or two when its caller is handed a slot, by a
+//! caller `K` (a process) that leaves its call `W` (what it needs watched,
+//! and the decoded job) in line:
 //!
 //! 1. [`Queue::start`], as the dirty call begins: the caller's slot when it
 //!    was handed one, or a free slot while nobody waits; the call runs, and
-//!    [`Queue::finish`] when it ends, whatever its outcome, hands the slot
-//!    to the first in line. With no slot, the caller takes a place at the
-//!    end of the line and the call returns at once: the caller waits on a
-//!    normal scheduler until it is handed a slot (then it calls again, and
-//!    starts it) or its checkout deadline passes.
-//! 2. At the deadline instead: [`Queue::leave`], out of the line, or giving
-//!    back a slot handed too late.
+//!    [`Queue::finish`] when it ends, whatever its outcome, frees the slot.
+//!    With no slot, the caller takes a place at the end of the line, its
+//!    call with it, and the NIF call returns at once: the caller waits on a
+//!    normal scheduler for its call's answer, for a slot, or for its
+//!    checkout deadline.
+//! 2. A call that ends takes the first call in line, if any, and runs it on
+//!    its own slot and thread, then sends the answer to that call's caller:
+//!    [`RUN_NEXT`] calls at most, then its slot is handed to the first in
+//!    line, who starts it by its second NIF call. So a waiter is run by a
+//!    dirty thread that is running already, without a wake-up of its own.
+//! 3. At the deadline instead: [`Queue::leave`], out of the line, or giving
+//!    back a slot handed too late; a caller whose call was taken waits for
+//!    its answer instead, which the call's own deadline bounds.
 //!
 //! While the queue was full when a caller last looked (a hint the caller's
 //! side keeps), a caller begins with [`Queue::enter`] instead, on a normal
@@ -25,26 +32,46 @@
 //! dirty-I/O scheduler. A hint that is wrong costs one cheap call, never a
 //! wrong answer.
 //!
-//! Each place in line, and each slot handed and not started, keeps a `W` of
-//! the caller's (the NIF's monitor of the process): a caller that dies there
-//! is taken out by [`Queue::leave`] at once, so no slot outlives its caller
-//! and nobody waits behind a dead one. A slot taken free is started in the
-//! same call, which runs to its end even when its process is killed, so a
-//! started slot is always finished and needs no watching. Slots are handed
-//! with the queue locked: a caller that leaves finds the message in its
-//! mailbox, and none comes later. The queue keeps no clock: every caller in
-//! line leaves by itself at its deadline.
+//! Each place in line, and each slot handed and not started, keeps the
+//! caller's `W` (with the NIF's monitor of the process): a caller that dies
+//! there is taken out by [`Queue::leave`] at once, so no slot outlives its
+//! caller and nobody waits behind a dead one. A slot taken free is started
+//! in the same call, which runs to its end even when its process is killed,
+//! and so does a call taken from the line, so a started slot is always
+//! finished and needs no watching. Slots are handed, and calls taken, with
+//! the queue locked, and an answer is sent before its call counts as done
+//! ([`Queue::done`]): a caller that leaves finds the message in its mailbox,
+//! or learns its call was taken, and no message comes later. The queue
+//! keeps no clock: every caller in line leaves by itself at its deadline.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+/// How many calls from the line one call that ends runs, after its own,
+/// before it hands its slot on: each makes its own caller's answer wait one
+/// more statement, and saves the caller it runs a process wake-up and a
+/// dirty-I/O scheduler's entry (at 50 callers on 8 slots, about a third of
+/// the VM's CPU per statement; `bench/issue20-shapes.md`).
+pub const RUN_NEXT: usize = 4;
+
 /// What [`Queue::start`] gives a caller.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Start<W> {
-    /// A slot, started: the `W` of the caller's wait, if it was handed one.
+    /// A slot, started: the `W` the caller left in line, if it was handed one.
     Run(Option<W>),
     /// A place in line.
     Wait,
+}
+
+/// What [`Queue::leave`] finds of a caller.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Leave<W> {
+    /// Out of the line, or its handed slot given back: its `W`.
+    Left(W),
+    /// Its call was taken from the line and runs: its answer comes.
+    Taken,
+    /// Neither (its call started, or it was told the pool closed).
+    Gone,
 }
 
 /// What the queue holds right now.
@@ -56,6 +83,8 @@ pub struct Counts {
     pub running: usize,
     /// Slots handed, and not yet started.
     pub handed: usize,
+    /// Calls taken from the line and not done (counted in `running` too).
+    pub taken: usize,
     /// Callers in line.
     pub waiting: usize,
 }
@@ -71,6 +100,7 @@ struct State<K, W> {
     limit: usize,
     running: usize,
     handed: Vec<(K, W)>,
+    taken: Vec<K>,
     line: VecDeque<(K, W)>,
 }
 
@@ -88,6 +118,7 @@ impl<K: PartialEq, W> Queue<K, W> {
                 limit: 0,
                 running: 0,
                 handed: Vec::new(),
+                taken: Vec::new(),
                 line: VecDeque::new(),
             }),
         }
@@ -117,10 +148,10 @@ impl<K: PartialEq, W> Queue<K, W> {
 
     /// Starts the slot of `key`: the one it was handed (`Run(Some(w))`, its
     /// `W` back), or a free one while nobody waits (`Run(None)`); else `key`
-    /// waits at the end of the line, watched by what `watch` makes, or where
-    /// it already is (`Wait`). A caller `watch` cannot watch (it died while
-    /// asking) is not put in line: it would never leave it.
-    pub fn start(&self, key: K, watch: impl FnOnce() -> Option<W>) -> Start<W> {
+    /// waits at the end of the line, with the `W` `wait` makes, or where it
+    /// already is (`Wait`). With no `W` from `wait` (its caller died while
+    /// asking, or its call is not one to run), it is not put in line.
+    pub fn start(&self, key: K, wait: impl FnOnce() -> Option<W>) -> Start<W> {
         let mut state = self.lock();
         if let Some(i) = state.handed.iter().position(|(k, _)| *k == key) {
             state.running += 1;
@@ -130,39 +161,59 @@ impl<K: PartialEq, W> Queue<K, W> {
             state.running += 1;
             return Start::Run(None);
         }
-        state.line_up(key, watch);
+        state.line_up(key, wait);
         Start::Wait
     }
 
     /// For a caller that expects to wait, before its dirty call: a free slot
     /// while nobody waits is handed to `key` (`true`: it starts it by
-    /// [`Queue::start`] next), watched by what `watch` makes; else `key`
-    /// waits at the end of the line, or where it already is (`false`).
-    pub fn enter(&self, key: K, watch: impl FnOnce() -> Option<W>) -> bool {
+    /// [`Queue::start`] next), with the `W` `wait` makes; else `key` waits
+    /// at the end of the line with it, or where it already is (`false`).
+    pub fn enter(&self, key: K, wait: impl FnOnce() -> Option<W>) -> bool {
         let mut state = self.lock();
         if state.handed.iter().any(|(k, _)| *k == key) {
             return true;
         }
         if state.free() {
-            let Some(watch) = watch() else { return false };
-            state.handed.push((key, watch));
+            let Some(w) = wait() else { return false };
+            state.handed.push((key, w));
             return true;
         }
-        state.line_up(key, watch);
+        state.line_up(key, wait);
         false
     }
 
-    /// A started call has ended: its slot goes to the first in line.
-    pub fn finish(&self, hand: impl FnMut(&K, &W)) {
+    /// A started call has ended. With `take`, the first call in line, if
+    /// any, is taken to run on the same slot (its caller and `W` back, and
+    /// [`Queue::done`] once its answer is sent); else the slot goes to the
+    /// first in line.
+    pub fn finish(&self, take: bool, hand: impl FnMut(&K, &W)) -> Option<(K, W)>
+    where
+        K: Clone,
+    {
         let mut state = self.lock();
+        if take {
+            if let Some((key, w)) = state.line.pop_front() {
+                state.taken.push(key.clone());
+                return Some((key, w));
+            }
+        }
         state.running = state.running.saturating_sub(1);
         state.fill(hand);
+        None
+    }
+
+    /// The answer of `key`'s taken call was sent (see [`Queue::finish`]).
+    pub fn done(&self, key: &K) {
+        let mut state = self.lock();
+        if let Some(i) = state.taken.iter().position(|k| k == key) {
+            state.taken.swap_remove(i);
+        }
     }
 
     /// Takes `key` out of the line, or takes back the slot it was handed and
-    /// hands it on; its `W`, or `None` when it was in neither (its call
-    /// started, or it was told the pool closed).
-    pub fn leave(&self, key: &K, hand: impl FnMut(&K, &W)) -> Option<W> {
+    /// hands it on (`Left`, its `W`); or finds its call taken (`Taken`).
+    pub fn leave(&self, key: &K, hand: impl FnMut(&K, &W)) -> Leave<W> {
         let mut state = self.lock();
         let left = match state.line.iter().position(|(k, _)| k == key) {
             Some(i) => state.line.remove(i),
@@ -172,20 +223,21 @@ impl<K: PartialEq, W> Queue<K, W> {
             }
         };
         state.fill(hand);
-        left.map(|(_, w)| w)
+        match left {
+            Some((_, w)) => Leave::Left(w),
+            None if state.taken.contains(key) => Leave::Taken,
+            None => Leave::Gone,
+        }
     }
 
     /// Runs `f` with the queue locked, if `key` holds the slot it was handed
-    /// with `watch` and has not started it: for a message about that slot
-    /// sent from elsewhere, later. The `W` tells that handing from a later
-    /// one to the same caller (it may have left and been handed another
-    /// since), which must not be announced twice.
-    pub fn if_handed(&self, key: &K, watch: &W, f: impl FnOnce())
-    where
-        W: PartialEq,
-    {
+    /// with a `W` that `was` recognises, and has not started it: for a
+    /// message about that slot sent from elsewhere, later. The `W` tells
+    /// that handing from a later one to the same caller (it may have left
+    /// and been handed another since), which must not be announced twice.
+    pub fn if_handed(&self, key: &K, was: impl Fn(&W) -> bool, f: impl FnOnce()) {
         let state = self.lock();
-        if state.handed.iter().any(|(k, w)| k == key && w == watch) {
+        if state.handed.iter().any(|(k, w)| k == key && was(w)) {
             f();
         }
     }
@@ -197,6 +249,7 @@ impl<K: PartialEq, W> Queue<K, W> {
             limit: state.limit,
             running: state.running,
             handed: state.handed.len(),
+            taken: state.taken.len(),
             waiting: state.line.len(),
         }
     }
@@ -208,12 +261,12 @@ impl<K: PartialEq, W> State<K, W> {
         self.line.is_empty() && self.used() < self.limit
     }
 
-    /// `key` at the end of the line, watched by what `watch` makes, unless
-    /// it is in line already or cannot be watched (it would never leave).
-    fn line_up(&mut self, key: K, watch: impl FnOnce() -> Option<W>) {
+    /// `key` at the end of the line, with the `W` `wait` makes, unless it is
+    /// in line already or `wait` makes none.
+    fn line_up(&mut self, key: K, wait: impl FnOnce() -> Option<W>) {
         if !self.line.iter().any(|(k, _)| *k == key) {
-            if let Some(watch) = watch() {
-                self.line.push_back((key, watch));
+            if let Some(w) = wait() {
+                self.line.push_back((key, w));
             }
         }
     }

@@ -1,11 +1,11 @@
 //! The queue (`locks_core::queue`) through its public API: the limit, first
-//! come first served, leaving, a stop. Pure data: no database, no VM. The
+//! come first served, calls taken from the line, leaving, a stop. Pure data: no database, no VM. The
 //! callers are names; their `W` is the name too, and "told" records the
 //! names handed a slot, in order.
 
 use std::cell::RefCell;
 
-use locks_core::queue::{Counts, Queue, Start};
+use locks_core::queue::{Counts, Leave, Queue, Start};
 
 type Q = Queue<&'static str, &'static str>;
 
@@ -45,7 +45,7 @@ fn wait(queue: &Q, who: &'static str) {
 }
 
 fn counts(limit: usize, running: usize, handed: usize, waiting: usize) -> Counts {
-    Counts { limit, running, handed, waiting }
+    Counts { limit, running, handed, taken: 0, waiting }
 }
 
 #[test]
@@ -74,13 +74,13 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     free(&queue, "a");
     wait(&queue, "b");
     wait(&queue, "c");
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["b"]);
     // The slot is b's until b starts it or leaves: d waits behind c.
     wait(&queue, "d");
     assert_eq!(queue.counts(), counts(1, 0, 1, 2));
     assert_eq!(start(&queue, "b"), Start::Run(Some("b")));
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["c"]);
 }
 
@@ -91,10 +91,10 @@ fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
     free(&queue, "a");
     wait(&queue, "b");
     wait(&queue, "c");
-    assert_eq!(queue.leave(&"b", told.hand()), Some("b"));
-    queue.finish(told.hand());
+    assert_eq!(queue.leave(&"b", told.hand()), Leave::Left("b"));
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["c"]);
-    assert_eq!(queue.leave(&"b", told.hand()), None);
+    assert_eq!(queue.leave(&"b", told.hand()), Leave::Gone);
 }
 
 #[test]
@@ -105,9 +105,9 @@ fn a_slot_given_back_unstarted_goes_to_the_next_in_line_at_once() {
     free(&queue, "x");
     wait(&queue, "a");
     wait(&queue, "b");
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["a"]);
-    assert_eq!(queue.leave(&"a", told.hand()), Some("a"));
+    assert_eq!(queue.leave(&"a", told.hand()), Leave::Left("a"));
     assert_eq!(told.take(), ["b"]);
     assert_eq!(queue.counts(), counts(1, 0, 1, 0));
     // a holds nothing now: a new call of a's waits behind b's slot.
@@ -124,7 +124,7 @@ fn closing_empties_the_line_and_hands_nothing_more() {
     let mut out = Vec::new();
     queue.close(|(who, _)| out.push(who));
     assert_eq!(out, ["b", "c"]);
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert!(told.take().is_empty());
     wait(&queue, "d");
     // A new pool's size hands the line its slots again.
@@ -139,10 +139,10 @@ fn a_message_about_a_slot_is_sent_only_while_it_is_unstarted() {
     let sent = RefCell::new(0);
     free(&queue, "x");
     wait(&queue, "a");
-    queue.finish(told.hand());
-    queue.if_handed(&"a", &"a", || *sent.borrow_mut() += 1);
+    queue.finish(false, told.hand());
+    queue.if_handed(&"a", |w| *w == "a", || *sent.borrow_mut() += 1);
     assert_eq!(start(&queue, "a"), Start::Run(Some("a")));
-    queue.if_handed(&"a", &"a", || *sent.borrow_mut() += 1);
+    queue.if_handed(&"a", |w| *w == "a", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 1);
 }
 
@@ -154,20 +154,20 @@ fn a_late_message_about_a_slot_is_not_sent_for_a_later_one_of_the_same_caller() 
     free(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
     assert_eq!(queue.start("a", || Some("a-1")), Start::Wait);
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["a"]);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
-    assert_eq!(queue.leave(&"a", told.hand()), Some("a-1"));
+    assert_eq!(queue.leave(&"a", told.hand()), Leave::Left("a-1"));
     assert_eq!(told.take(), Vec::<&str>::new());
     free(&queue, "c");
     assert_eq!(queue.start("a", || Some("a-2")), Start::Wait);
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["a"]);
     // The first handing's late message finds the second, and is not sent.
-    queue.if_handed(&"a", &"a-1", || *sent.borrow_mut() += 1);
+    queue.if_handed(&"a", |w| *w == "a-1", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 0);
-    queue.if_handed(&"a", &"a-2", || *sent.borrow_mut() += 1);
+    queue.if_handed(&"a", |w| *w == "a-2", || *sent.borrow_mut() += 1);
     assert_eq!(*sent.borrow(), 1);
 }
 
@@ -187,7 +187,7 @@ fn a_caller_that_expects_to_wait_is_handed_a_free_slot_or_waits_in_line() {
     assert!(!queue.enter("d", || None));
     assert_eq!(queue.counts(), counts(2, 2, 0, 1));
     let told = Told::default();
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["c"]);
 }
 
@@ -198,8 +198,33 @@ fn a_caller_entering_while_a_handed_slot_is_unstarted_waits_behind_it() {
     wait(&queue, "b");
     // A free slot goes to the first in line, never to a newcomer.
     let told = Told::default();
-    queue.finish(told.hand());
+    queue.finish(false, told.hand());
     assert_eq!(told.take(), ["b"]);
     assert!(!queue.enter("c", || Some("c")));
     assert_eq!(queue.counts(), counts(1, 0, 1, 1));
+}
+
+#[test]
+fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
+    let queue = queue(1);
+    let told = Told::default();
+    free(&queue, "a");
+    wait(&queue, "b");
+    wait(&queue, "c");
+    // a's call ended: b's call is taken, first come first served, and runs
+    // on a's slot (still one running); nobody is handed a slot.
+    assert_eq!(queue.finish(true, told.hand()), Some(("b", "b")));
+    assert!(told.take().is_empty());
+    let busy = Counts { limit: 1, running: 1, handed: 0, taken: 1, waiting: 1 };
+    assert_eq!(queue.counts(), busy);
+    // b, at its deadline, learns its answer comes; until it is sent.
+    assert_eq!(queue.leave(&"b", told.hand()), Leave::Taken);
+    queue.done(&"b");
+    assert_eq!(queue.leave(&"b", told.hand()), Leave::Gone);
+    // Without taking, the slot goes to c; with the line empty, taking frees it.
+    assert_eq!(queue.finish(false, told.hand()), None);
+    assert_eq!(told.take(), ["c"]);
+    assert_eq!(start(&queue, "c"), Start::Run(Some("c")));
+    assert_eq!(queue.finish(true, told.hand()), None);
+    assert_eq!(queue.counts(), counts(1, 0, 0, 0));
 }

@@ -2,20 +2,21 @@
 //! module doc states the protocol), its deadline, the pool.
 //!
 //! In NIF calls: `run/3`, on a dirty-I/O scheduler, runs the call with a
-//! slot, or answers `{:wait, ms}` at once; `enter/1`, on a normal scheduler,
-//! answers `:go` (a free slot handed: `run/3` starts it) or `{:wait, ms}`,
-//! for a caller that saw the queue full; a waiter is sent
-//! `{:phoenix_kit_agent_locks, :go}` when handed a slot (and calls `run/3`
-//! again), or `{:phoenix_kit_agent_locks, exception}` when the pool closes;
-//! a waiter whose checkout deadline passed calls `leave/0` instead, which
-//! answers the exception to raise.
+//! slot, or answers `{:wait, ms}` at once, its call left in line; `enter/3`,
+//! on a normal scheduler, answers `:go` (a free slot handed: `run/3` starts
+//! it) or `{:wait, ms}`, for a caller that saw the queue full. A waiter is
+//! sent `{:phoenix_kit_agent_locks, message}`: `{:answer, term}` when its
+//! call was run from the line, `:go` when handed a slot (it calls `run/3`
+//! again), or the exception to raise (its call failed, or the pool closed).
+//! A waiter whose checkout deadline passed calls `leave/0` instead, which
+//! answers the exception to raise, or `:taken` (its answer comes).
 
+use std::sync::mpsc::{self, Sender};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use std::sync::OnceLock;
-
-use locks_core::queue::{Queue, Start};
-use locks_core::{global, Deadline, Error, Settings};
+use locks_core::queue::{Leave, Queue, Start, RUN_NEXT};
+use locks_core::{global, Answer, Deadline, Error, Job, Settings};
 use rustler::{
     Encoder, Env, LocalPid, Monitor, NifMap, NifResult, OwnedEnv, Resource, ResourceArc, Term,
 };
@@ -29,7 +30,23 @@ use crate::locks::{encode, job};
 /// monitor. The VM refuses one for a process that is dead already (killed
 /// while its `run/3` runs on the dirty scheduler): such a caller is not put
 /// in line.
-pub static QUEUE: Queue<LocalPid, Monitor> = Queue::new();
+pub static QUEUE: Queue<LocalPid, Waiter> = Queue::new();
+
+/// What a caller leaves in line: its monitor, and its call (the stamp and
+/// the job, decoded once), for whichever call runs it.
+pub struct Waiter {
+    monitor: Monitor,
+    start: i64,
+    job: Job,
+}
+
+impl Waiter {
+    /// A waiter for the calling process, or `None` if it is dead already.
+    fn new(env: Env<'_>, start: i64, job: Job) -> Option<Self> {
+        let monitor = env.monitor(callers(), &env.pid())?;
+        Some(Waiter { monitor, start, job })
+    }
+}
 
 /// The resource whose monitors tell the queue that a caller died holding a
 /// slot it had not started, or in line.
@@ -40,7 +57,7 @@ impl Resource for Callers {
     const IMPLEMENTS_DOWN: bool = true;
 
     fn down<'a>(&'a self, env: Env<'a>, pid: LocalPid, _monitor: Monitor) {
-        QUEUE.leave(&pid, go(env));
+        let _ = QUEUE.leave(&pid, go(env));
     }
 }
 
@@ -56,28 +73,32 @@ fn callers() -> &'static ResourceArc<Callers> {
 /// a thread of its own sends it instead, with the queue locked again, only
 /// while that same slot is still the caller's, by its monitor: none is sent
 /// after the caller left, nor for a slot handed to it since, which was told.
-pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Monitor) + '_ {
-    move |pid, monitor| {
+pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
+    move |pid, waiter| {
         if env.send(pid, (atoms::phoenix_kit_agent_locks(), atoms::go())).is_err() {
-            let (pid, monitor) = (*pid, *monitor);
+            let (pid, monitor) = (*pid, waiter.monitor);
             // Should the OS refuse a thread (no panic here: the queue is
             // locked), the caller leaves at its deadline and the slot goes on.
             let _ = std::thread::Builder::new().spawn(move || {
-                QUEUE.if_handed(&pid, &monitor, || {
-                    let _ = OwnedEnv::new().send_and_clear(&pid, |_env| {
-                        (atoms::phoenix_kit_agent_locks(), atoms::go())
-                    });
-                })
+                QUEUE.if_handed(
+                    &pid,
+                    |w| w.monitor == monitor,
+                    || {
+                        let _ = OwnedEnv::new().send_and_clear(&pid, |_env| {
+                            (atoms::phoenix_kit_agent_locks(), atoms::go())
+                        });
+                    },
+                )
             });
         }
     }
 }
 
 /// Takes a caller out of the line for good, telling it why.
-pub fn tell(env: Env<'_>, why: LocksError) -> impl FnMut((LocalPid, Monitor)) + '_ {
+pub fn tell(env: Env<'_>, why: LocksError) -> impl FnMut((LocalPid, Waiter)) + '_ {
     let why = why.encode(env);
-    move |(pid, monitor)| {
-        unwatch(env, Some(monitor));
+    move |(pid, waiter)| {
+        unwatch(env, Some(waiter.monitor));
         let _ = env.send(&pid, (atoms::phoenix_kit_agent_locks(), why));
     }
 }
@@ -105,20 +126,28 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 }
 
 /// The caller's checkout deadline passed: out of the line (or the slot it
-/// was handed just now goes back, and its `:go` is in the mailbox). The
-/// exception to raise: `:pool_timeout`, or `:not_started` after a stop.
+/// was handed just now goes back, and its `:go` is in the mailbox, or so is
+/// the answer of its call, run from the line just now). The exception to
+/// raise: `:pool_timeout`, or `:not_started` after a stop; or `:taken`, when
+/// its call runs from the line: its answer comes, by the call's deadline.
 #[rustler::nif]
-fn leave(env: Env<'_>) -> LocksError {
-    unwatch(env, QUEUE.leave(&env.pid(), go(env)));
+fn leave(env: Env<'_>) -> Term<'_> {
+    match QUEUE.leave(&env.pid(), go(env)) {
+        Leave::Taken => return atoms::taken().encode(env),
+        Leave::Left(waiter) => unwatch(env, Some(waiter.monitor)),
+        Leave::Gone => {}
+    }
     match global::current() {
         Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout_timeout)),
         Err(err) => exception(err),
     }
+    .encode(env)
 }
 
-/// Runs the call with a slot, which it frees at the end; or, with none
-/// free, puts the caller in line and answers `{:wait, ms}` until its
-/// checkout deadline (`{:wait, 0}` when it has passed already). Raises
+/// Runs the call with a slot, which it frees at the end, after running up
+/// to `RUN_NEXT` calls from the line; or, with none free, puts the caller
+/// in line, its job decoded, and answers `{:wait, ms}` until its checkout
+/// deadline (`{:wait, 0}` when it has passed already). Raises
 /// `:not_started` without a pool.
 ///
 /// A caller in line always leaves by `leave/0` from its `receive`, never from
@@ -134,16 +163,22 @@ fn run<'a>(
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let start: i64 = start.decode()?;
-    let pid = env.pid();
-    // The slot first, before the job is decoded or the pool looked up: from
-    // here every way out (a bad argument, no pool) frees it.
-    let slot = match QUEUE.start(pid, || env.monitor(callers(), &pid)) {
-        Start::Run(watch) => Slot::started(env, watch),
-        Start::Wait => return wait(env, start),
+    // The job is decoded once: into the line (with the queue locked) when the
+    // caller is to wait, else with the slot, or taken back from the slot
+    // handed to it. From the slot on, every way out frees it.
+    let mut bad = None;
+    let wait_in_line = || match job(function, args) {
+        Ok(job) => Waiter::new(env, start, job),
+        Err(err) => bad.replace(err).and(None),
+    };
+    let (mut slot, job) = match QUEUE.start(env.pid(), wait_in_line) {
+        Start::Run(Some(waiter)) => (Slot::started(env, Some(waiter.monitor)), waiter.job),
+        Start::Run(None) => (Slot::started(env, None), job(function, args)?),
+        Start::Wait => return bad.map_or_else(|| wait(env, start), Err),
     };
     let pool = global::current().map_err(raise)?;
-    let job = job(function, args)?;
-    let answer = pool.run(deadline(start, pool.settings()), &job).map_err(raise)?;
+    let deadline = slot.until(deadline(start, pool.settings()));
+    let answer = pool.run(deadline, &job).map_err(raise)?;
     drop(slot);
     Ok(encode(env, &answer))
 }
@@ -154,10 +189,15 @@ fn run<'a>(
 /// `run/3`, and leaves it as `run/3`'s doc says), without a dirty-I/O
 /// scheduler's round trip. Raises `:not_started` without a pool.
 #[rustler::nif]
-fn enter<'a>(env: Env<'a>, start: Term<'a>) -> NifResult<Term<'a>> {
+fn enter<'a>(
+    env: Env<'a>,
+    start: Term<'a>,
+    function: Term<'a>,
+    args: Term<'a>,
+) -> NifResult<Term<'a>> {
     let start: i64 = start.decode()?;
-    let pid = env.pid();
-    if QUEUE.enter(pid, || env.monitor(callers(), &pid)) {
+    let job = job(function, args)?;
+    if QUEUE.enter(env.pid(), || Waiter::new(env, start, job)) {
         Ok(atoms::go().encode(env))
     } else {
         wait(env, start)
@@ -173,7 +213,9 @@ fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
     let checkout = match global::current() {
         Ok(pool) => pool.settings().checkout_timeout,
         Err(err) => {
-            unwatch(env, QUEUE.leave(&env.pid(), go(env)));
+            if let Leave::Left(waiter) = QUEUE.leave(&env.pid(), go(env)) {
+                unwatch(env, Some(waiter.monitor));
+            }
             return Err(raise(err));
         }
     };
@@ -182,22 +224,87 @@ fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
     Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
 }
 
-/// A started slot: finished, and handed to the first in line, when dropped,
-/// on every path out of `run/3`.
-struct Slot<'a>(Env<'a>);
+/// A started slot: finished when dropped, on every path out of `run/3`.
+/// Once its own call has a deadline, it first runs up to `RUN_NEXT` calls
+/// from the line, each by its own deadline and this one's, whichever comes
+/// first (so that this call's answer is not later than its own deadline);
+/// then its slot goes to the first in line.
+struct Slot<'a> {
+    env: Env<'a>,
+    deadline: Option<Deadline>,
+}
 
 impl<'a> Slot<'a> {
     /// The slot `run/3` started; a caller that waited for it is no longer watched.
     fn started(env: Env<'a>, watch: Option<Monitor>) -> Self {
         unwatch(env, watch);
-        Slot(env)
+        Slot { env, deadline: None }
+    }
+
+    /// The deadline of the slot's own call, kept for the calls it runs next.
+    fn until(&mut self, deadline: Deadline) -> Deadline {
+        *self.deadline.insert(deadline)
     }
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        QUEUE.finish(go(self.0));
+        let mut runs = if MAIL.get_or_init(mail).is_some() { RUN_NEXT } else { 0 };
+        let env = self.env;
+        while let Some(own) = self.deadline.filter(|_| runs > 0) {
+            runs -= 1;
+            let Some((pid, waiter)) = QUEUE.finish(true, go(env)) else { return };
+            unwatch(env, Some(waiter.monitor));
+            let answer = global::current().and_then(|pool| {
+                let deadline = deadline(waiter.start, pool.settings()).earlier(own);
+                pool.run(deadline, &waiter.job)
+            });
+            reply(env, pid, answer.map_err(exception));
+        }
+        QUEUE.finish(false, go(env));
     }
+}
+
+/// Sends a call run from the line its answer, then counts it done. The VM
+/// refuses a message whose sender is dead (this call's own process was
+/// killed while it ran): the thread of [`MAIL`] sends it then.
+fn reply(env: Env<'_>, pid: LocalPid, answer: Reply) {
+    if env.send(&pid, message(env, &answer)).is_ok() {
+        QUEUE.done(&pid);
+    } else if let Some(Some(mail)) = MAIL.get() {
+        if mail.send((pid, answer)).is_err() {
+            QUEUE.done(&pid);
+        }
+    }
+}
+
+/// A call's answer, or the exception its caller raises.
+type Reply = Result<Answer, LocksError>;
+
+fn message<'a>(env: Env<'a>, reply: &Reply) -> Term<'a> {
+    let message = match reply {
+        Ok(answer) => (atoms::answer(), encode(env, answer)).encode(env),
+        Err(exception) => exception.encode(env),
+    };
+    (atoms::phoenix_kit_agent_locks(), message).encode(env)
+}
+
+/// A thread of its own, started by the first call that runs one from the
+/// line, that sends the answers a dead process could not. Calls are run
+/// from the line only once it runs: should the OS refuse it, every waiter
+/// is handed its slot instead, and no answer is ever lost.
+static MAIL: OnceLock<Option<Sender<(LocalPid, Reply)>>> = OnceLock::new();
+
+fn mail() -> Option<Sender<(LocalPid, Reply)>> {
+    let (mail, letters) = mpsc::channel::<(LocalPid, Reply)>();
+    let thread = std::thread::Builder::new().name("locks-mail".into()).spawn(move || {
+        let mut env = OwnedEnv::new();
+        for (pid, reply) in letters {
+            let _ = env.send_and_clear(&pid, |env| message(env, &reply));
+            QUEUE.done(&pid);
+        }
+    });
+    thread.ok().map(|_| mail)
 }
 
 /// `status/0`'s `:pool`: the queue's slots and the pool's connections.

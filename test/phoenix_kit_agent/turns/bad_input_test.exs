@@ -211,7 +211,7 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
           function not in [:load_nif, :start, :stop],
           args <- junk_args(junk, arity) do
         try do
-          # A junk call put in line, or handed a slot by enter/1, leaves at once.
+          # A junk call put in line, or handed a slot by enter/3, leaves at once.
           with answer when answer == :go or elem(answer, 0) == :wait <-
                  apply(Native, function, args) do
             Native.leave()
@@ -240,13 +240,14 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
     end
   end
 
-  # Native.run/3 as Locks.call/3 calls it, waiting for a slot while the
-  # pool's are taken (nobody else waits here long: other tests' calls are quick).
+  # Native.run/3 as Locks.call/3 calls it, waiting for a slot (or for the
+  # answer of its call, run from the line) while the pool's are taken (nobody else waits here long: other tests' calls are quick).
   defp run_now(stamp, function, args) do
     case Native.run(stamp, function, args) do
       {:wait, ms} ->
         receive do
           {:phoenix_kit_agent_locks, :go} -> run_now(stamp, function, args)
+          {:phoenix_kit_agent_locks, {:answer, answer}} -> answer
         after
           ms -> flunk("no slot within #{ms} ms")
         end

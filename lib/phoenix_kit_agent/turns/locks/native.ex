@@ -44,7 +44,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
   # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).
   def run(_start, _function, _args), do: not_loaded()
-  def enter(_start), do: not_loaded()
+  def enter(_start, _function, _args), do: not_loaded()
   def leave, do: not_loaded()
   def status, do: not_loaded()
 

@@ -1,10 +1,11 @@
 defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   # The queue (native/locks_core/src/queue.rs), with a pool of one
   # connection in a child node: the first call waits for a row another
-  # session holds, and the next ones wait in line behind it. Each caller in
-  # line runs its own call when the slot is handed to it, in order; a caller
-  # that dies leaves the line, or gives back the slot it held, at once; a
-  # stop tells the line at once; and no caller is left a message.
+  # session holds, and the next ones wait in line behind it. The calls in
+  # line run in order: a call that ends runs the next RUN_NEXT from the line
+  # on its slot, then hands the slot to the first in line; a caller that
+  # dies leaves the line, or gives back the slot it held, at once; a stop
+  # tells the line at once; and no caller is left a message.
   use ExUnit.Case, async: true
 
   alias PhoenixKitAgent.Turns.Locks
@@ -66,14 +67,22 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
   defp answers(node, n), do: Node.call(node, Queue, :answers, [n])
 
+  # How many calls from the line one call runs after its own, read from where
+  # it is defined.
+  @run_next "native/locks_core/src/queue.rs"
+            |> File.read!()
+            |> then(&Regex.run(~r/pub const RUN_NEXT: usize = (\d+);/, &1))
+            |> List.last()
+            |> String.to_integer()
+
   defp chat_ref(chat),
     do:
       TestDB.value!(
         "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'"
       )
 
-  test "callers in line run their own calls in order when the slot frees, each answering " <>
-         "its documented term, with nothing left in their mailboxes",
+  test "calls in line run in order when the slot frees, the first ones by the call that " <>
+         "frees it, each answering its documented term, with nothing left in the mailboxes",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
@@ -107,8 +116,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
              {:ok, false}
            ]
 
-    ended = Enum.map(answers, &elem(&1, 1))
-    assert ended == Enum.sort(ended), "answered out of order: #{inspect(ended)}"
+    # The answers above hold only in this order. The first RUN_NEXT calls in
+    # line were run by the first call, on its slot: their callers had their
+    # answers, in order, before that call returned.
+    [first | ran] = Enum.map(answers, &elem(&1, 1)) |> Enum.take(@run_next + 1)
+    assert ran == Enum.sort(ran), "answered out of order: #{inspect(ran)}"
+    assert Enum.all?(ran, &(&1 < first)), "not run by the first call: #{inspect([first | ran])}"
     assert Enum.all?(answers, &(elem(&1, 2) == [])), inspect(answers)
     assert %{running: 0, waiting: 0} = status(node)
   end
@@ -140,12 +153,17 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   test "a caller killed holding a slot it was handed and never started frees it at once",
        %{chats: [x | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
-    blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]}])
+    # The first call runs the next RUN_NEXT from the line, then hands its slot on.
+    ran = for _ <- 1..@run_next, do: {:held?, [TestDB.uuid(), TestDB.uuid(), "r"]}
+    blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]} | ran])
     holder = Node.call(node, Queue, :hold_slot, [])
-    assert %{running: 1, waiting: 1} = status(node)
+    assert %{running: 1, waiting: waiting} = status(node)
+    assert waiting == @run_next + 1
 
     TestDB.query!("COMMIT", blocker)
-    assert [{{:ok, :ok}, _, []}] = answers(node, 1)
+    assert [{{:ok, :ok}, _, []} | ran] = answers(node, @run_next + 1)
+    assert Enum.all?(ran, &match?({{:ok, false}, _, []}, &1)), inspect(ran)
+
     # The slot is the holder's, handed and not started.
     until!(node, :waiting, 0)
     assert %{running: 1, waiting: 0} = status(node)
@@ -155,7 +173,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
-  test "a caller handed a free slot by enter/1 and killed before it starts it frees it at once",
+  test "a caller handed a free slot by enter/3 and killed before it starts it frees it at once",
        %{app: app} do
     node = node!(app, checkout_timeout: 10_000)
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "warm"]) == false
@@ -188,8 +206,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert %{running: 0, waiting: 0} = status(node)
   end
 
-  test "a call whose caller is killed while it runs ends, frees the slot, and the next " <>
-         "in line runs",
+  test "a call whose caller is killed while it runs ends, and the calls it runs from the " <>
+         "line get their answers",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
@@ -226,6 +244,25 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert %{running: 0, waiting: 0} = status(node)
     assert Node.call(node, Locks, :acquire, [z, uc, "c", 60]) == :ok
     assert Node.call(node, Locks, :held?, [y, ub, "b"]) == false
+  end
+
+  test "a caller whose checkout deadline passes while its call runs from the line gets " <>
+         "that call's answer, with nothing left in its mailbox",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 1_000, connect_timeout: 5_000, statement_timeout: 5_000)
+    [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
+    second = hold_row!(y)
+    blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
+    :ok = Node.call(node, Queue, :watch_leave, [1])
+
+    # a's call ends and runs b's, which waits for y's row past b's checkout deadline.
+    TestDB.query!("COMMIT", blocker)
+    assert Node.call(node, Queue, :until_left, []) == :ok
+    TestDB.query!("COMMIT", second)
+
+    assert [{{:ok, :ok}, _, []}, {{:ok, :ok}, _, []}] = answers(node, 2)
+    assert %{running: 0, waiting: 0} = status(node)
+    assert Node.call(node, Locks, :held?, [y, ub, "b"]) == true
   end
 
   # Commits the blocker once every caller but the first has answered.
