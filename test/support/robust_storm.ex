@@ -5,7 +5,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   #
   # `run/1`: callers, each on a chat and a user of its own, take both locks
   # and release them, while a killer kills callers at random (some right as
-  # their `:go` arrives, seen by tracing their receives) and the application
+  # their `:go` or their answer from the line arrives, seen by tracing their
+  # receives) and the application
   # is stopped and started again at random. Every caller that survives
   # reports its outcome, then waits until the storm has settled and reports
   # what is left in its mailbox.
@@ -13,7 +14,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   # `killed_in_run/1`: long-lived callers loop on held?/3 (a 1 ms checkout:
   # slots are often handed at a waiter's deadline) while a killer kills every
   # caller it finds inside run/3 and starts another: the end of each such
-  # call hands the slot on from a dead process (call.rs `go`'s thread).
+  # call hands the slot on, or answers the calls it runs from the line, from
+  # a dead process (by call.rs's mail thread).
   # Counts each outcome and every message a caller finds after a call.
   #
   # `stale/1`: callers whose checkout deadline has already passed when they
@@ -28,18 +30,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   def run(opts) do
     calls = Keyword.fetch!(opts, :calls)
     kills = Keyword.get(opts, :kills, 0)
-    kill_on_go = Keyword.get(opts, :kill_on_go, 0.0)
+    kill_on_answer = Keyword.get(opts, :kill_on_answer, 0.0)
     cycles = Keyword.get(opts, :cycles, 0)
     spread_ms = Keyword.get(opts, :spread_ms, 2_000)
     me = self()
 
-    tracer = spawn(fn -> tracer(kill_on_go) end)
+    tracer = spawn(fn -> tracer(kill_on_answer) end)
 
     callers =
       for {{chat, user, ref}, i} <- Enum.with_index(calls) do
         pid = spawn(fn -> caller(me, i, chat, user, ref) end)
         Process.monitor(pid)
-        # Every third caller is watched for its :go.
+        # Every third caller is watched for its :go and its answer.
         if rem(i, 3) == 0, do: :erlang.trace(pid, true, [:receive, {:tracer, tracer}])
         {i, pid}
       end
@@ -56,7 +58,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     storm_ms = System.monotonic_time(:millisecond) - started
     Process.exit(killer, :kill)
     send(tracer, {:stop, self()})
-    go_kills = receive(do: ({:go_kills, n} -> n), after: (10_000 -> :tracer_stuck))
+    arrival_kills = receive(do: ({:kills, n} -> n), after: (10_000 -> :tracer_stuck))
     cycler_done = receive(do: ({:cycled, n} -> n), after: (10_000 -> :cycler_stuck))
     _ = cycler
     # The application runs again (the cycler leaves it started).
@@ -75,7 +77,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
       pool: pool,
       storm_ms: storm_ms,
       cycles: cycler_done,
-      go_kills: go_kills
+      arrival_kills: arrival_kills
     }
   end
 
@@ -156,21 +158,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     end
   end
 
-  defp tracer(p), do: tracer_loop(p, 0)
+  defp tracer(p), do: tracer_loop(p, %{go: 0, answer: 0})
 
-  # Kills a traced caller, with probability `p`, as its :go arrives.
+  # Kills a traced caller as its :go arrives (the rarer: most waiters get
+  # their answer from the line), or, with probability `p`, as that answer
+  # arrives; counts the kills of each.
   defp tracer_loop(p, kills) do
     receive do
-      {:trace, pid, :receive, {:phoenix_kit_agent_locks, :go}} ->
-        if :rand.uniform() < p,
-          do: Process.exit(pid, :kill) && tracer_loop(p, kills + 1),
+      {:trace, pid, :receive, {:phoenix_kit_agent_locks, message}}
+      when message == :go or elem(message, 0) == :answer ->
+        kind = if message == :go, do: :go, else: :answer
+
+        if kind == :go or :rand.uniform() < p,
+          do: Process.exit(pid, :kill) && tracer_loop(p, Map.update!(kills, kind, &(&1 + 1))),
           else: tracer_loop(p, kills)
 
       {:trace, _, _, _} ->
         tracer_loop(p, kills)
 
       {:stop, from} ->
-        send(from, {:go_kills, kills})
+        send(from, {:kills, kills})
     end
   end
 

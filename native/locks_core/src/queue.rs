@@ -19,8 +19,8 @@
 //! 2. A call that ends takes the first call in line, if any, and runs it on
 //!    its own slot and thread, then sends the answer to that call's caller:
 //!    [`RUN_NEXT`] calls at most, then its slot is handed to the first in
-//!    line, who starts it by its second NIF call. So a waiter is run by a
-//!    dirty thread that is running already, without a wake-up of its own.
+//!    line, who starts it by its second NIF call. So most waiters cost one
+//!    message, which brings the answer, and no dirty-I/O call of their own.
 //! 3. At the deadline instead: [`Queue::leave`], out of the line, or giving
 //!    back a slot handed too late; a caller whose call was taken waits for
 //!    its answer instead, which the call's own deadline bounds.
@@ -49,9 +49,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// How many calls from the line one call that ends runs, after its own,
 /// before it hands its slot on: each makes its own caller's answer wait one
-/// more statement, and saves the caller it runs a process wake-up and a
-/// dirty-I/O scheduler's entry (at 50 callers on 8 slots, about a third of
-/// the VM's CPU per statement; `bench/issue20-shapes.md`).
+/// more statement, and saves the caller it runs a dirty-I/O call (its one
+/// wake-up brings the answer, not a slot). At 50 callers on 8 slots, 4 took
+/// a third off the VM's CPU per statement, 1 a fifth
+/// (`bench/issue20-shapes.md`).
 pub const RUN_NEXT: usize = 4;
 
 /// What [`Queue::start`] gives a caller.

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use locks_core::args::CLICK_REF_PREFIX;
 use locks_core::{global, schema, Deadline, Error, Location, Prepare, Settings, SslMode};
-use rustler::{Atom, Decoder, Env, NifResult, NifStruct, Term};
+use rustler::{Atom, Decoder, Env, NifMap, NifResult, NifStruct, Term};
 
 use crate::atoms;
 use crate::call::{go, tell, QUEUE};
@@ -115,4 +115,29 @@ fn loaded() -> bool {
 #[rustler::nif]
 fn click_prefix() -> &'static str {
     CLICK_REF_PREFIX
+}
+
+/// `status/0`'s `:pool`: the queue's slots and the pool's connections.
+#[derive(NifMap)]
+#[rustler(encode)]
+struct Status {
+    size: usize,
+    running: usize,
+    waiting: usize,
+    connections: usize,
+    idle: usize,
+}
+
+#[rustler::nif]
+fn status() -> NifResult<Status> {
+    let pool = global::current().map_err(raise)?;
+    let counts = QUEUE.counts();
+    let (connections, idle) = pool.connections();
+    Ok(Status {
+        size: counts.limit,
+        running: counts.running + counts.handed,
+        waiting: counts.waiting,
+        connections,
+        idle,
+    })
 }

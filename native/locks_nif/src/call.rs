@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 
 use locks_core::queue::{Leave, Queue, Start, RUN_NEXT};
 use locks_core::{global, Answer, Deadline, Error, Job, Settings};
-use rustler::{
-    Encoder, Env, LocalPid, Monitor, NifMap, NifResult, OwnedEnv, Resource, ResourceArc, Term,
-};
+use rustler::{Encoder, Env, LocalPid, Monitor, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use crate::atoms;
 use crate::error::{exception, raise, LocksError};
@@ -68,28 +66,14 @@ fn callers() -> &'static ResourceArc<Callers> {
 }
 
 /// Tells a caller in line that it was handed a slot. A caller that died
-/// meanwhile is taken out by its monitor. The VM refuses a message whose
-/// sender is dead: when the call handing the slot was killed while it ran,
-/// a thread of its own sends it instead, with the queue locked again, only
-/// while that same slot is still the caller's, by its monitor: none is sent
-/// after the caller left, nor for a slot handed to it since, which was told.
+/// meanwhile is taken out by its monitor. When the call handing the slot
+/// was killed while it ran, [`MAIL`] sends it instead.
 pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
     move |pid, waiter| {
         if env.send(pid, (atoms::phoenix_kit_agent_locks(), atoms::go())).is_err() {
-            let (pid, monitor) = (*pid, waiter.monitor);
-            // Should the OS refuse a thread (no panic here: the queue is
-            // locked), the caller leaves at its deadline and the slot goes on.
-            let _ = std::thread::Builder::new().spawn(move || {
-                QUEUE.if_handed(
-                    &pid,
-                    |w| w.monitor == monitor,
-                    || {
-                        let _ = OwnedEnv::new().send_and_clear(&pid, |_env| {
-                            (atoms::phoenix_kit_agent_locks(), atoms::go())
-                        });
-                    },
-                )
-            });
+            // Should the OS have refused the mail's thread, the caller
+            // leaves at its deadline and the slot goes on.
+            post(Letter::Go(*pid, waiter.monitor));
         }
     }
 }
@@ -177,7 +161,7 @@ fn run<'a>(
         Start::Wait => return bad.map_or_else(|| wait(env, start), Err),
     };
     let pool = global::current().map_err(raise)?;
-    let deadline = slot.until(deadline(start, pool.settings()));
+    let deadline = *slot.deadline.insert(deadline(start, pool.settings()));
     let answer = pool.run(deadline, &job).map_err(raise)?;
     drop(slot);
     Ok(encode(env, &answer))
@@ -240,11 +224,6 @@ impl<'a> Slot<'a> {
         unwatch(env, watch);
         Slot { env, deadline: None }
     }
-
-    /// The deadline of the slot's own call, kept for the calls it runs next.
-    fn until(&mut self, deadline: Deadline) -> Deadline {
-        *self.deadline.insert(deadline)
-    }
 }
 
 impl Drop for Slot<'_> {
@@ -265,16 +244,11 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Sends a call run from the line its answer, then counts it done. The VM
-/// refuses a message whose sender is dead (this call's own process was
-/// killed while it ran): the thread of [`MAIL`] sends it then.
-fn reply(env: Env<'_>, pid: LocalPid, answer: Reply) {
-    if env.send(&pid, message(env, &answer)).is_ok() {
+/// Sends a call run from the line its answer, then counts it done; by
+/// [`MAIL`] when this call's own process was killed while it ran.
+fn reply(env: Env<'_>, pid: LocalPid, reply: Reply) {
+    if env.send(&pid, message(env, &reply)).is_ok() || !post(Letter::Answer(pid, reply)) {
         QUEUE.done(&pid);
-    } else if let Some(Some(mail)) = MAIL.get() {
-        if mail.send((pid, answer)).is_err() {
-            QUEUE.done(&pid);
-        }
     }
 }
 
@@ -289,45 +263,49 @@ fn message<'a>(env: Env<'a>, reply: &Reply) -> Term<'a> {
     (atoms::phoenix_kit_agent_locks(), message).encode(env)
 }
 
-/// A thread of its own, started by the first call that runs one from the
-/// line, that sends the answers a dead process could not. Calls are run
-/// from the line only once it runs: should the OS refuse it, every waiter
-/// is handed its slot instead, and no answer is ever lost.
-static MAIL: OnceLock<Option<Sender<(LocalPid, Reply)>>> = OnceLock::new();
+/// A message that a call could not send because its own process is dead
+/// (the VM refuses a message whose sender is dead).
+enum Letter {
+    /// `:go`, sent with the queue locked again, only while that same slot is
+    /// still the caller's, by its monitor: none after the caller left, nor
+    /// for a slot handed to it since, which was told.
+    Go(LocalPid, Monitor),
+    /// The answer of a call run from the line; then the call counts done.
+    Answer(LocalPid, Reply),
+}
 
-fn mail() -> Option<Sender<(LocalPid, Reply)>> {
-    let (mail, letters) = mpsc::channel::<(LocalPid, Reply)>();
+/// A thread of its own, started by the first call that ends, that sends
+/// the letters. Calls are run from the line only while it runs: should the
+/// OS refuse it, every waiter is handed its slot instead, and no answer is
+/// ever lost.
+static MAIL: OnceLock<Option<Sender<Letter>>> = OnceLock::new();
+
+/// Whether the letter was posted.
+fn post(letter: Letter) -> bool {
+    MAIL.get_or_init(mail).as_ref().is_some_and(|mail| mail.send(letter).is_ok())
+}
+
+fn mail() -> Option<Sender<Letter>> {
+    let (mail, letters) = mpsc::channel();
     let thread = std::thread::Builder::new().name("locks-mail".into()).spawn(move || {
         let mut env = OwnedEnv::new();
-        for (pid, reply) in letters {
-            let _ = env.send_and_clear(&pid, |env| message(env, &reply));
-            QUEUE.done(&pid);
+        for letter in letters {
+            match letter {
+                Letter::Go(pid, monitor) => QUEUE.if_handed(
+                    &pid,
+                    |w| w.monitor == monitor,
+                    || {
+                        let _ = env.send_and_clear(&pid, |_| {
+                            (atoms::phoenix_kit_agent_locks(), atoms::go())
+                        });
+                    },
+                ),
+                Letter::Answer(pid, reply) => {
+                    let _ = env.send_and_clear(&pid, |env| message(env, &reply));
+                    QUEUE.done(&pid);
+                }
+            }
         }
     });
     thread.ok().map(|_| mail)
-}
-
-/// `status/0`'s `:pool`: the queue's slots and the pool's connections.
-#[derive(NifMap)]
-#[rustler(encode)]
-struct Status {
-    size: usize,
-    running: usize,
-    waiting: usize,
-    connections: usize,
-    idle: usize,
-}
-
-#[rustler::nif]
-fn status() -> NifResult<Status> {
-    let pool = global::current().map_err(raise)?;
-    let counts = QUEUE.counts();
-    let (connections, idle) = pool.connections();
-    Ok(Status {
-        size: counts.limit,
-        running: counts.running + counts.handed,
-        waiting: counts.waiting,
-        connections,
-        idle,
-    })
 }
