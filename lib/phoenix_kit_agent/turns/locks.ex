@@ -391,17 +391,16 @@ defmodule PhoenixKitAgent.Turns.Locks do
     after
       wait_ms ->
         case Native.leave() do
-          :taken ->
+          # Out of the line already: its call's answer, or the pool's closing, comes.
+          :told ->
             receive do
               {:phoenix_kit_agent_locks, reply} -> reply!(reply)
             end
 
           error ->
-            # A slot handed, or an answer sent, as the deadline passed: its
-            # message is here.
+            # A slot handed as the deadline passed went back: its :go is here.
             receive do
-              {:phoenix_kit_agent_locks, {:answer, answer}} -> answer
-              {:phoenix_kit_agent_locks, _} -> raise error
+              {:phoenix_kit_agent_locks, :go} -> raise error
             after
               0 -> raise error
             end

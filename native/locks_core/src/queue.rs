@@ -22,8 +22,9 @@
 //!    line, who starts it by its second NIF call. So most waiters cost one
 //!    message, which brings the answer, and no dirty-I/O call of their own.
 //! 3. At the deadline instead: [`Queue::leave`], out of the line, or giving
-//!    back a slot handed too late; a caller whose call was taken waits for
-//!    its answer instead, which the call's own deadline bounds.
+//!    back a slot handed too late. A caller that is in neither was told
+//!    already, by a message that is in its mailbox or comes: its call's
+//!    answer (which the call's deadline bounds), or the pool's closing.
 //!
 //! While the queue was full when a caller last looked (a hint the caller's
 //! side keeps), a caller begins with [`Queue::enter`] instead, on a normal
@@ -39,9 +40,8 @@
 //! in the same call, which runs to its end even when its process is killed,
 //! and so does a call taken from the line, so a started slot is always
 //! finished and needs no watching. Slots are handed, and calls taken, with
-//! the queue locked, and an answer is sent before its call counts as done
-//! ([`Queue::done`]): a caller that leaves finds the message in its mailbox,
-//! or learns its call was taken, and no message comes later. The queue
+//! the queue locked: a caller that leaves finds its `:go` in its mailbox,
+//! or learns that its message comes, and no message comes later. The queue
 //! keeps no clock: every caller in line leaves by itself at its deadline.
 
 use std::collections::VecDeque;
@@ -64,17 +64,6 @@ pub enum Start<W> {
     Wait,
 }
 
-/// What [`Queue::leave`] finds of a caller.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Leave<W> {
-    /// Out of the line, or its handed slot given back: its `W`.
-    Left(W),
-    /// Its call was taken from the line and runs: its answer comes.
-    Taken,
-    /// Neither (its call started, or it was told the pool closed).
-    Gone,
-}
-
 /// What the queue holds right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counts {
@@ -84,8 +73,6 @@ pub struct Counts {
     pub running: usize,
     /// Slots handed, and not yet started.
     pub handed: usize,
-    /// Calls taken from the line and not done (counted in `running` too).
-    pub taken: usize,
     /// Callers in line.
     pub waiting: usize,
 }
@@ -101,7 +88,6 @@ struct State<K, W> {
     limit: usize,
     running: usize,
     handed: Vec<(K, W)>,
-    taken: Vec<K>,
     line: VecDeque<(K, W)>,
 }
 
@@ -119,7 +105,6 @@ impl<K: PartialEq, W> Queue<K, W> {
                 limit: 0,
                 running: 0,
                 handed: Vec::new(),
-                taken: Vec::new(),
                 line: VecDeque::new(),
             }),
         }
@@ -185,18 +170,13 @@ impl<K: PartialEq, W> Queue<K, W> {
     }
 
     /// A started call has ended. With `take`, the first call in line, if
-    /// any, is taken to run on the same slot (its caller and `W` back, and
-    /// [`Queue::done`] once its answer is sent); else the slot goes to the
-    /// first in line.
-    pub fn finish(&self, take: bool, hand: impl FnMut(&K, &W)) -> Option<(K, W)>
-    where
-        K: Clone,
-    {
+    /// any, is taken to run on the same slot (its caller and `W` back, to be
+    /// sent its answer); else the slot goes to the first in line.
+    pub fn finish(&self, take: bool, hand: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
         if take {
-            if let Some((key, w)) = state.line.pop_front() {
-                state.taken.push(key.clone());
-                return Some((key, w));
+            if let Some(taken) = state.line.pop_front() {
+                return Some(taken);
             }
         }
         state.running = state.running.saturating_sub(1);
@@ -204,17 +184,11 @@ impl<K: PartialEq, W> Queue<K, W> {
         None
     }
 
-    /// The answer of `key`'s taken call was sent (see [`Queue::finish`]).
-    pub fn done(&self, key: &K) {
-        let mut state = self.lock();
-        if let Some(i) = state.taken.iter().position(|k| k == key) {
-            state.taken.swap_remove(i);
-        }
-    }
-
     /// Takes `key` out of the line, or takes back the slot it was handed and
-    /// hands it on (`Left`, its `W`); or finds its call taken (`Taken`).
-    pub fn leave(&self, key: &K, hand: impl FnMut(&K, &W)) -> Leave<W> {
+    /// hands it on; its `W`, or `None` when it was in neither (it was told:
+    /// its call was taken from the line, or the pool closed; or its call
+    /// started).
+    pub fn leave(&self, key: &K, hand: impl FnMut(&K, &W)) -> Option<W> {
         let mut state = self.lock();
         let left = match state.line.iter().position(|(k, _)| k == key) {
             Some(i) => state.line.remove(i),
@@ -224,11 +198,7 @@ impl<K: PartialEq, W> Queue<K, W> {
             }
         };
         state.fill(hand);
-        match left {
-            Some((_, w)) => Leave::Left(w),
-            None if state.taken.contains(key) => Leave::Taken,
-            None => Leave::Gone,
-        }
+        left.map(|(_, w)| w)
     }
 
     /// Runs `f` with the queue locked, if `key` holds the slot it was handed
@@ -250,7 +220,6 @@ impl<K: PartialEq, W> Queue<K, W> {
             limit: state.limit,
             running: state.running,
             handed: state.handed.len(),
-            taken: state.taken.len(),
             waiting: state.line.len(),
         }
     }

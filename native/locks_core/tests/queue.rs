@@ -5,7 +5,7 @@
 
 use std::cell::RefCell;
 
-use locks_core::queue::{Counts, Leave, Queue, Start};
+use locks_core::queue::{Counts, Queue, Start};
 
 type Q = Queue<&'static str, &'static str>;
 
@@ -45,7 +45,7 @@ fn wait(queue: &Q, who: &'static str) {
 }
 
 fn counts(limit: usize, running: usize, handed: usize, waiting: usize) -> Counts {
-    Counts { limit, running, handed, taken: 0, waiting }
+    Counts { limit, running, handed, waiting }
 }
 
 #[test]
@@ -91,10 +91,10 @@ fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
     free(&queue, "a");
     wait(&queue, "b");
     wait(&queue, "c");
-    assert_eq!(queue.leave(&"b", told.hand()), Leave::Left("b"));
+    assert_eq!(queue.leave(&"b", told.hand()), Some("b"));
     queue.finish(false, told.hand());
     assert_eq!(told.take(), ["c"]);
-    assert_eq!(queue.leave(&"b", told.hand()), Leave::Gone);
+    assert_eq!(queue.leave(&"b", told.hand()), None);
 }
 
 #[test]
@@ -107,7 +107,7 @@ fn a_slot_given_back_unstarted_goes_to_the_next_in_line_at_once() {
     wait(&queue, "b");
     queue.finish(false, told.hand());
     assert_eq!(told.take(), ["a"]);
-    assert_eq!(queue.leave(&"a", told.hand()), Leave::Left("a"));
+    assert_eq!(queue.leave(&"a", told.hand()), Some("a"));
     assert_eq!(told.take(), ["b"]);
     assert_eq!(queue.counts(), counts(1, 0, 1, 0));
     // a holds nothing now: a new call of a's waits behind b's slot.
@@ -158,7 +158,7 @@ fn a_late_message_about_a_slot_is_not_sent_for_a_later_one_of_the_same_caller() 
     assert_eq!(told.take(), ["a"]);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
-    assert_eq!(queue.leave(&"a", told.hand()), Leave::Left("a-1"));
+    assert_eq!(queue.leave(&"a", told.hand()), Some("a-1"));
     assert_eq!(told.take(), Vec::<&str>::new());
     free(&queue, "c");
     assert_eq!(queue.start("a", || Some("a-2")), Start::Wait);
@@ -215,12 +215,9 @@ fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
     // on a's slot (still one running); nobody is handed a slot.
     assert_eq!(queue.finish(true, told.hand()), Some(("b", "b")));
     assert!(told.take().is_empty());
-    let busy = Counts { limit: 1, running: 1, handed: 0, taken: 1, waiting: 1 };
-    assert_eq!(queue.counts(), busy);
-    // b, at its deadline, learns its answer comes; until it is sent.
-    assert_eq!(queue.leave(&"b", told.hand()), Leave::Taken);
-    queue.done(&"b");
-    assert_eq!(queue.leave(&"b", told.hand()), Leave::Gone);
+    assert_eq!(queue.counts(), counts(1, 1, 0, 1));
+    // b, at its deadline, is in neither the line nor a slot: its answer comes.
+    assert_eq!(queue.leave(&"b", told.hand()), None);
     // Without taking, the slot goes to c; with the line empty, taking frees it.
     assert_eq!(queue.finish(false, told.hand()), None);
     assert_eq!(told.take(), ["c"]);

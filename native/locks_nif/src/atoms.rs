@@ -6,7 +6,7 @@ rustler::atoms! {
     acquire, acquire_user, fresh = "fresh?", held = "held?", keep, keep_user, held_locks,
     release, release_stale, release_user,
     // The queue's answers and messages (call.rs), and their tag
-    go, wait, answer, taken, phoenix_kit_agent_locks,
+    go, wait, answer, told, phoenix_kit_agent_locks,
     // acquire/4 and acquire_user/4 refusals
     conversation_busy, turn_in_flight, click_in_flight,
     // PhoenixKitAgent.Turns.Locks.Error reasons

@@ -9,13 +9,13 @@
 //! call was run from the line, `:go` when handed a slot (it calls `run/3`
 //! again), or the exception to raise (its call failed, or the pool closed).
 //! A waiter whose checkout deadline passed calls `leave/0` instead, which
-//! answers the exception to raise, or `:taken` (its answer comes).
+//! answers the exception to raise, or `:told` (its message comes).
 
 use std::sync::mpsc::{self, Sender};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use locks_core::queue::{Leave, Queue, Start, RUN_NEXT};
+use locks_core::queue::{Queue, Start, RUN_NEXT};
 use locks_core::{global, Answer, Deadline, Error, Job, Settings};
 use rustler::{Encoder, Env, LocalPid, Monitor, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
@@ -110,17 +110,16 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 }
 
 /// The caller's checkout deadline passed: out of the line (or the slot it
-/// was handed just now goes back, and its `:go` is in the mailbox, or so is
-/// the answer of its call, run from the line just now). The exception to
-/// raise: `:pool_timeout`, or `:not_started` after a stop; or `:taken`, when
-/// its call runs from the line: its answer comes, by the call's deadline.
+/// was handed just now goes back, and its `:go` is in the mailbox), and the
+/// exception to raise: `:pool_timeout`, or `:not_started` after a stop. Or
+/// `:told`, for a caller out of the line already: its message (its call's
+/// answer, by the call's deadline, or the pool's closing) is there or comes.
 #[rustler::nif]
 fn leave(env: Env<'_>) -> Term<'_> {
-    match QUEUE.leave(&env.pid(), go(env)) {
-        Leave::Taken => return atoms::taken().encode(env),
-        Leave::Left(waiter) => unwatch(env, Some(waiter.monitor)),
-        Leave::Gone => {}
-    }
+    let Some(waiter) = QUEUE.leave(&env.pid(), go(env)) else {
+        return atoms::told().encode(env);
+    };
+    unwatch(env, Some(waiter.monitor));
     match global::current() {
         Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout_timeout)),
         Err(err) => exception(err),
@@ -135,10 +134,9 @@ fn leave(env: Env<'_>) -> Term<'_> {
 /// `:not_started` without a pool.
 ///
 /// A caller in line always leaves by `leave/0` from its `receive`, never from
-/// here while a pool is installed: once it is in line and the queue unlocked,
-/// a slot may be handed to it (its `:go` sent) before it leaves, and only the
-/// Elixir side, on its way out, takes that message out of the mailbox. (With
-/// no pool the queue has no slots to hand, and `wait` takes it out at once.)
+/// here: once it is in line and the queue unlocked, a slot may be handed to
+/// it, or its call taken, before it leaves, and only the Elixir side, on its
+/// way out, takes that message out of the mailbox.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(
     env: Env<'a>,
@@ -190,19 +188,10 @@ fn enter<'a>(
 
 /// `{:wait, ms}` for a caller put in line, its checkout deadline's time
 /// left: at most the checkout timeout, since a stamp from the future counts
-/// as now (as for the statement's deadline). With no pool (it closed as the
-/// caller came) the caller leaves the line again and `:not_started` is
-/// raised.
+/// as now (as for the statement's deadline); `{:wait, 0}` with no pool (it
+/// closed as the caller came), whose `leave/0` then raises `:not_started`.
 fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
-    let checkout = match global::current() {
-        Ok(pool) => pool.settings().checkout_timeout,
-        Err(err) => {
-            if let Leave::Left(waiter) = QUEUE.leave(&env.pid(), go(env)) {
-                unwatch(env, Some(waiter.monitor));
-            }
-            return Err(raise(err));
-        }
-    };
+    let checkout = global::current().map_or(Duration::ZERO, |p| p.settings().checkout_timeout);
     let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
     let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).clamp(0, checkout_ns);
     Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
@@ -244,11 +233,11 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Sends a call run from the line its answer, then counts it done; by
-/// [`MAIL`] when this call's own process was killed while it ran.
+/// Sends a call run from the line its answer; by [`MAIL`] when this call's
+/// own process was killed while it ran.
 fn reply(env: Env<'_>, pid: LocalPid, reply: Reply) {
-    if env.send(&pid, message(env, &reply)).is_ok() || !post(Letter::Answer(pid, reply)) {
-        QUEUE.done(&pid);
+    if env.send(&pid, message(env, &reply)).is_err() {
+        post(Letter::Answer(pid, reply));
     }
 }
 
@@ -270,7 +259,7 @@ enum Letter {
     /// still the caller's, by its monitor: none after the caller left, nor
     /// for a slot handed to it since, which was told.
     Go(LocalPid, Monitor),
-    /// The answer of a call run from the line; then the call counts done.
+    /// The answer of a call run from the line.
     Answer(LocalPid, Reply),
 }
 
@@ -302,7 +291,6 @@ fn mail() -> Option<Sender<Letter>> {
                 ),
                 Letter::Answer(pid, reply) => {
                     let _ = env.send_and_clear(&pid, |env| message(env, &reply));
-                    QUEUE.done(&pid);
                 }
             }
         }
