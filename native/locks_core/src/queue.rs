@@ -51,9 +51,9 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// before it hands its slot on: each makes its own caller's answer wait one
 /// more statement, and saves the caller it runs a dirty-I/O call (its one
 /// wake-up brings the answer, not a slot). At 50 callers on 8 slots, 4 took
-/// a third off the VM's CPU per statement, 1 a fifth
-/// (`bench/issue20-shapes.md`).
-pub const RUN_NEXT: usize = 4;
+/// 29 % (cycle) and 36 % (reads) off the VM's CPU per statement; 1 took 19 %
+/// and nothing (`bench/issue20-shapes.md`).
+pub const RUN_NEXT: usize = 8;
 
 /// What [`Queue::start`] gives a caller.
 #[derive(Debug, PartialEq, Eq)]

@@ -159,8 +159,9 @@ fn run<'a>(
         Start::Wait => return bad.map_or_else(|| wait(env, start), Err),
     };
     let pool = global::current().map_err(raise)?;
-    let deadline = *slot.deadline.insert(deadline(start, pool.settings()));
+    let deadline = deadline(start, pool.settings());
     let answer = pool.run(deadline, &job).map_err(raise)?;
+    slot.deadline = Some(deadline);
     drop(slot);
     Ok(encode(env, &answer))
 }
@@ -198,10 +199,12 @@ fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
 }
 
 /// A started slot: finished when dropped, on every path out of `run/3`.
-/// Once its own call has a deadline, it first runs up to `RUN_NEXT` calls
-/// from the line, each by its own deadline and this one's, whichever comes
-/// first (so that this call's answer is not later than its own deadline);
-/// then its slot goes to the first in line.
+/// Once its own call has succeeded (its deadline kept here), it first runs
+/// up to `RUN_NEXT` calls from the line, each by its own deadline and this
+/// one's, whichever comes first (so that this call's answer is not later
+/// than its own deadline); then its slot goes to the first in line. A call
+/// that failed (no pool, a bad argument, a database or path in doubt, its
+/// time up) runs none: each waiter runs its own, by its own deadline.
 struct Slot<'a> {
     env: Env<'a>,
     deadline: Option<Deadline>,

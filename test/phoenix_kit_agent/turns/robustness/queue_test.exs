@@ -265,6 +265,29 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [y, ub, "b"]) == true
   end
 
+  test "a call that fails runs nothing from the line: the next caller runs its own call, " <>
+         "after the failed one has returned",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
+    blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
+
+    # a's backend, waiting for x's row, is terminated: a fails (:disconnected).
+    [[backend]] =
+      TestDB.query!("""
+      SELECT pid FROM pg_stat_activity
+      WHERE application_name = '#{app}' AND wait_event_type = 'Lock'
+      """)
+
+    assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
+
+    assert [{{:raised, %Error{reason: :disconnected}}, a_ended, []}, {{:ok, :ok}, b_ended, []}] =
+             answers(node, 2)
+
+    assert a_ended < b_ended, "b's call was run by a's failed one"
+    TestDB.close(blocker)
+  end
+
   # Commits the blocker once every caller but the first has answered.
   defp answers_after(node, blocker, n) do
     until!(node, :waiting, 0)
