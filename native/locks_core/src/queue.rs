@@ -49,10 +49,11 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 /// How many calls from the line one call that ends runs, after its own,
 /// before it hands its slot on: each makes its own caller's answer wait one
-/// more statement, and saves the caller it runs a dirty-I/O call (its one
-/// wake-up brings the answer, not a slot). At 50 callers on 8 slots, 4 took
-/// 29 % (cycle) and 36 % (reads) off the VM's CPU per statement; 1 took 19 %
-/// and nothing (`bench/issue20-shapes.md`).
+/// more statement (8 bounds that to about a full line's wait at the default
+/// pool of 8), and saves the caller it runs a dirty-I/O call (its one
+/// wake-up brings the answer, not a slot). At 50 callers on 8 slots, 8 took
+/// half (cycle) and 43 % (reads) off the VM's CPU per statement, against
+/// handing every waiter its slot; 4 and 1 less (`bench/issue20-shapes.md`).
 pub const RUN_NEXT: usize = 8;
 
 /// What [`Queue::start`] gives a caller.
