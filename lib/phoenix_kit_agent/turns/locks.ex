@@ -398,7 +398,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
             end
 
           error ->
-            # A slot handed as the deadline passed went back: its :go is here.
+            # A slot handed as the deadline passed went back: its :go is
+            # here, or never comes.
             receive do
               {:phoenix_kit_agent_locks, :go} -> raise error
             after

@@ -32,6 +32,11 @@ impl Deadline {
         Deadline { at: started + budget, budget }
     }
 
+    /// Whether it has passed.
+    pub fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
     /// Whichever of the two comes first: a call run for another caller
     /// ends by that caller's deadline and by the running one's.
     pub fn earlier(self, other: Deadline) -> Deadline {

@@ -11,7 +11,8 @@
 //!
 //! 1. [`Queue::start`], as the dirty call begins: the caller's slot when it
 //!    was handed one, or a free slot while nobody waits; the call runs, and
-//!    [`Queue::finish`] when it ends, whatever its outcome, frees the slot.
+//!    [`Queue::finish`] when it ends, whatever its outcome, frees the slot
+//!    (or passes it to a call it takes, 2.).
 //!    With no slot, the caller takes a place at the end of the line, its
 //!    call with it, and the NIF call returns at once: the caller waits on a
 //!    normal scheduler for its call's answer, for a slot, or for its
@@ -172,10 +173,12 @@ impl<K: PartialEq, W> Queue<K, W> {
 
     /// A started call has ended. With `take`, the first call in line, if
     /// any, is taken to run on the same slot (its caller and `W` back, to be
-    /// sent its answer); else the slot goes to the first in line.
+    /// sent its answer), unless more slots are in use than there are now (a
+    /// smaller pool was installed meanwhile); else the slot goes to the first
+    /// in line.
     pub fn finish(&self, take: bool, hand: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
-        if take {
+        if take && state.used() <= state.limit {
             if let Some(taken) = state.line.pop_front() {
                 return Some(taken);
             }

@@ -205,6 +205,26 @@ fn a_caller_entering_while_a_handed_slot_is_unstarted_waits_behind_it() {
 }
 
 #[test]
+fn a_call_that_ends_takes_no_call_while_more_slots_are_used_than_a_new_pool_has() {
+    let queue = queue(2);
+    let told = Told::default();
+    free(&queue, "a");
+    free(&queue, "b");
+    // The pool is replaced by one of a single slot while a and b run.
+    queue.close(|_| {});
+    queue.resize(1, told.hand());
+    wait(&queue, "c");
+    wait(&queue, "d");
+    // a ends: two slots used of one, so it takes nothing and hands nothing.
+    assert_eq!(queue.finish(true, told.hand()), None);
+    assert!(told.take().is_empty());
+    assert_eq!(queue.counts(), counts(1, 1, 0, 2));
+    // b ends: one of one; it may take c onto its slot.
+    assert_eq!(queue.finish(true, told.hand()), Some(("c", "c")));
+    assert_eq!(queue.counts(), counts(1, 1, 0, 1));
+}
+
+#[test]
 fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
     let queue = queue(1);
     let told = Told::default();

@@ -78,12 +78,13 @@ pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
     }
 }
 
-/// Takes a caller out of the line for good, telling it why.
+/// Takes a caller out of the line for good, telling it why (by [`MAIL`]
+/// when the process telling it is dead: the caller's `leave/0` answers
+/// `:told`, and it waits for this message).
 pub fn tell(env: Env<'_>, why: LocksError) -> impl FnMut((LocalPid, Waiter)) + '_ {
-    let why = why.encode(env);
     move |(pid, waiter)| {
         unwatch(env, Some(waiter.monitor));
-        let _ = env.send(&pid, (atoms::phoenix_kit_agent_locks(), why));
+        reply(env, pid, Err(why.clone()));
     }
 }
 
@@ -110,7 +111,8 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 }
 
 /// The caller's checkout deadline passed: out of the line (or the slot it
-/// was handed just now goes back, and its `:go` is in the mailbox), and the
+/// was handed just now goes back, and its `:go` is in the mailbox, or never
+/// comes), and the
 /// exception to raise: `:pool_timeout`, or `:not_started` after a stop. Or
 /// `:told`, for a caller out of the line already: its message (its call's
 /// answer, by the call's deadline, or the pool's closing) is there or comes.
@@ -130,8 +132,8 @@ fn leave(env: Env<'_>) -> Term<'_> {
 /// Runs the call with a slot, which it frees at the end, after running up
 /// to `RUN_NEXT` calls from the line; or, with none free, puts the caller
 /// in line, its job decoded, and answers `{:wait, ms}` until its checkout
-/// deadline (`{:wait, 0}` when it has passed already). Raises
-/// `:not_started` without a pool.
+/// deadline (`{:wait, 0}` when it has passed already, or without a pool:
+/// then `leave/0` raises `:not_started`).
 ///
 /// A caller in line always leaves by `leave/0` from its `receive`, never from
 /// here: once it is in line and the queue unlocked, a slot may be handed to
@@ -170,7 +172,7 @@ fn run<'a>(
 /// on a normal scheduler, a free slot is handed to it (`:go`, and its
 /// `run/3` next starts it), or it waits in line (`{:wait, ms}`, as from
 /// `run/3`, and leaves it as `run/3`'s doc says), without a dirty-I/O
-/// scheduler's round trip. Raises `:not_started` without a pool.
+/// scheduler's round trip. Without a pool, `{:wait, 0}` (as `run/3`).
 #[rustler::nif]
 fn enter<'a>(
     env: Env<'a>,
@@ -202,9 +204,10 @@ fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
 /// Once its own call has succeeded (its deadline kept here), it first runs
 /// up to `RUN_NEXT` calls from the line, each by its own deadline and this
 /// one's, whichever comes first (so that this call's answer is not later
-/// than its own deadline); then its slot goes to the first in line. A call
-/// that failed (no pool, a bad argument, a database or path in doubt, its
-/// time up) runs none: each waiter runs its own, by its own deadline.
+/// than its own deadline), until this one's passes or one of them fails;
+/// then its slot goes to the first in line. A call that failed (no pool, a
+/// bad argument, a database or path in doubt, its time up) runs none: each
+/// waiter runs its own, by its own deadline.
 struct Slot<'a> {
     env: Env<'a>,
     deadline: Option<Deadline>,
@@ -222,7 +225,9 @@ impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let mut runs = if MAIL.get_or_init(mail).is_some() { RUN_NEXT } else { 0 };
         let env = self.env;
-        while let Some(own) = self.deadline.filter(|_| runs > 0) {
+        // A call taken from the line that fails stops the taking, as this
+        // call's own deadline does: the rest run their own, by their own.
+        while let Some(own) = self.deadline.filter(|own| runs > 0 && !own.passed()) {
             runs -= 1;
             let Some((pid, waiter)) = QUEUE.finish(true, go(env)) else { return };
             unwatch(env, Some(waiter.monitor));
@@ -230,6 +235,9 @@ impl Drop for Slot<'_> {
                 let deadline = deadline(waiter.start, pool.settings()).earlier(own);
                 pool.run(deadline, &waiter.job)
             });
+            if answer.is_err() {
+                runs = 0;
+            }
             reply(env, pid, answer.map_err(exception));
         }
         QUEUE.finish(false, go(env));

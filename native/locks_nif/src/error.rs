@@ -6,7 +6,7 @@ use rustler::{Atom, NifException};
 
 use crate::atoms;
 
-#[derive(NifException)]
+#[derive(Clone, NifException)]
 #[module = "PhoenixKitAgent.Turns.Locks.Error"]
 pub struct LocksError {
     reason: Atom,

@@ -288,6 +288,47 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     TestDB.close(blocker)
   end
 
+  test "a call run from the line that fails stops the taking: the next caller runs its own " <>
+         "call, after the call that ran the failed one has returned",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
+    second = hold_row!(y)
+    [[second_pid]] = TestDB.query!("SELECT pg_backend_pid()", second)
+
+    calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}, {:held?, [x, ua, "a"]}]
+    blocker = line!(node, calls)
+    TestDB.query!("COMMIT", blocker)
+
+    # a's call ends and runs b's, which waits for y's row; its backend is terminated.
+    backend = blocked_by!(app, second_pid)
+    assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
+
+    assert [
+             {{:ok, :ok}, a_ended, []},
+             {{:raised, %Error{reason: :disconnected}}, _, []},
+             {{:ok, true}, c_ended, []}
+           ] = answers(node, 3)
+
+    assert a_ended < c_ended, "a's call ran c's after b's had failed"
+    TestDB.close(second)
+  end
+
+  # The backend of `app` that waits for a lock `pid`'s session holds (5 s at most).
+  defp blocked_by!(app, pid, tries \\ 500) do
+    case TestDB.query!("""
+         SELECT pid FROM pg_stat_activity
+         WHERE application_name = '#{app}' AND #{pid} = ANY(pg_blocking_pids(pid))
+         """) do
+      [[backend]] ->
+        backend
+
+      [] when tries > 0 ->
+        Process.sleep(10)
+        blocked_by!(app, pid, tries - 1)
+    end
+  end
+
   # Commits the blocker once every caller but the first has answered.
   defp answers_after(node, blocker, n) do
     until!(node, :waiting, 0)
