@@ -1,7 +1,7 @@
 //! The queue (`locks_core::queue`) through its public API: the limit, first
-//! come first served, calls taken from the line, leaving, a stop. Pure data: no database, no VM. The
-//! callers are names; their `W` is the name too, and "told" records the
-//! names handed a slot, in order.
+//! come first served, calls taken from the line, leaving, a stop. Pure data:
+//! no database, no VM. The callers are names; their `W` is the name too,
+//! and "told" records the names handed a slot, in order.
 
 use std::cell::RefCell;
 

@@ -112,10 +112,10 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 
 /// The caller's checkout deadline passed: out of the line (or the slot it
 /// was handed just now goes back, and its `:go` is in the mailbox, or never
-/// comes), and the
-/// exception to raise: `:pool_timeout`, or `:not_started` after a stop. Or
-/// `:told`, for a caller out of the line already: its message (its call's
-/// answer, by the call's deadline, or the pool's closing) is there or comes.
+/// comes), and the exception to raise: `:pool_timeout`, or `:not_started`
+/// after a stop. Or `:told`, for a caller out of the line already: its
+/// message (its call's answer, by the call's deadline, or the pool's
+/// closing) is there or comes.
 #[rustler::nif]
 fn leave(env: Env<'_>) -> Term<'_> {
     let Some(waiter) = QUEUE.leave(&env.pid(), go(env)) else {
@@ -244,8 +244,9 @@ impl Drop for Slot<'_> {
     }
 }
 
-/// Sends a call run from the line its answer; by [`MAIL`] when this call's
-/// own process was killed while it ran.
+/// Sends a waiter taken out of the line its message (the answer of its call,
+/// run from the line, or the exception to raise); by [`MAIL`] when the
+/// sending process is dead (killed while its call ran).
 fn reply(env: Env<'_>, pid: LocalPid, reply: Reply) {
     if env.send(&pid, message(env, &reply)).is_err() {
         post(Letter::Answer(pid, reply));

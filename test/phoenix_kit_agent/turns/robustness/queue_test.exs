@@ -32,6 +32,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
   defp until!(node, key, n), do: assert(Node.call(node, Queue, :until, [key, n]) == :ok)
 
+  # Kills `holder`, which holds a slot it has not started: the slot is free at once.
+  defp kill_frees_slot!(node, holder) do
+    assert Node.call(node, Process, :exit, [holder, :kill])
+    until!(node, :running, 0)
+  end
+
   # The first of `calls` (an acquire) waits for its chat's row, which a session
   # of its own holds until `TestDB.query!("COMMIT", session)`; the others wait in
   # line behind it, in order. The session.
@@ -168,8 +174,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     until!(node, :waiting, 0)
     assert %{running: 1, waiting: 0} = status(node)
 
-    assert Node.call(node, Process, :exit, [holder, :kill])
-    until!(node, :running, 0)
+    kill_frees_slot!(node, holder)
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
@@ -180,8 +185,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     holder = Node.call(node, Queue, :enter_slot, [])
     assert %{running: 1, waiting: 0} = status(node)
 
-    assert Node.call(node, Process, :exit, [holder, :kill])
-    until!(node, :running, 0)
+    kill_frees_slot!(node, holder)
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
@@ -195,8 +199,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
              Node.call(node, Queue, :future_call, [])
 
     assert %{running: 1, waiting: 0} = status(node)
-    assert Node.call(node, Process, :exit, [holder, :kill])
-    until!(node, :running, 0)
+    kill_frees_slot!(node, holder)
   end
 
   test "with the queue seen full, a call that finds a slot free runs on it and clears the hint",
