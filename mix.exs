@@ -10,6 +10,7 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
     [
       app: :phoenix_kit_agent_locks,
       version: @version,
+      # Tested on Elixir 1.14 / OTP 25 and 1.18 / OTP 27 (README, "Requirements").
       elixir: "~> 1.14",
       # The project's own compiler (lib/mix/tasks/compile.locks_nif.ex) runs
       # after Elixir's: it installs a prebuilt library from the release (as
@@ -19,7 +20,7 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
       locks_nif_base_url: "#{@source_url}/releases/download/v#{@version}",
       elixirc_paths: elixirc_paths(Mix.env()),
       # Only the Mix compiler downloads (Mix.Tasks.Compile.LocksNif.Prebuilt,
-      # which starts :inets and :ssl itself) and only bench/wire.ex (compiled
+      # which puts :inets and :ssl on the code path and starts them itself) and only bench/wire.ex (compiled
       # in :dev and :test) speaks TLS from Elixir: the running application
       # needs none of them (its TLS is Rust's), so they are not in
       # extra_applications.

@@ -476,7 +476,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp ttl!(value) when is_integer(value) and value in 1..@max_ttl_s, do: value
   defp ttl!(value), do: bad!(:ttl_s, "a whole number of seconds from 1 to #{@max_ttl_s}", value)
 
-  defp hold!(_name, value, ttl_s) when is_integer(value) and value in 1..ttl_s, do: value
+  defp hold!(_name, value, ttl_s) when is_integer(value) and value >= 1 and value <= ttl_s,
+    do: value
 
   defp hold!(name, value, _ttl_s),
     do: bad!(name, "a whole number of seconds from 1 to ttl_s", value)

@@ -429,8 +429,8 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
     end
 
     test "Native.setup/1 with an unknown kind raises ArgumentError and runs no DDL" do
-      {db, url} =
-        Pg.create_database!("setup_junk", sql: "CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+      extension = "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
+      {db, url} = Pg.create_database!("setup_junk", sql: extension)
 
       node = Node.start!(app_env: [url: url, pool_size: 1])
 

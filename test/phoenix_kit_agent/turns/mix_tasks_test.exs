@@ -21,7 +21,7 @@ defmodule PhoenixKitAgent.Turns.MixTasksTest do
       "config/config.exs" => """
       import Config
 
-      if url = System.get_env("HOST_LOCKS_URL"), do: config :phoenix_kit_agent_locks, url: url
+      if url = System.get_env("HOST_LOCKS_URL"), do: config(:phoenix_kit_agent_locks, url: url)
       """
     })
 

@@ -294,10 +294,11 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
 
       url = "https://localhost:#{port}/#{Prebuilt.artifact(@version, @nif, @target)}"
 
-      assert Prebuilt.download(url, []) ==
-               {:error, "GET #{url} failed: cannot connect: TLS alert unknown_ca"}
-
-      assert_receive {:handshake, {:error, {:tls_alert, {:unknown_ca, _}}}}
+      # Refused by a TLS alert, on both sides. Which alert is OTP's choice
+      # (unknown_ca on OTP 25, handshake_failure on OTP 27): not asserted.
+      assert {:error, "GET " <> failed} = Prebuilt.download(url, [])
+      assert failed =~ ~r/^\Q#{url}\E failed: cannot connect: TLS alert [a-z_]+$/
+      assert_receive {:handshake, {:error, {:tls_alert, {alert, _}}}} when is_atom(alert)
       :ssl.close(listen)
     end
 

@@ -213,10 +213,14 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     File.write!(path, "%{\n#{Enum.join(lines, ",\n")}\n}\n")
   end
 
+  # Mix (Elixir 1.15 on) keeps only the code paths of the applications a
+  # project lists, and this project lists none of these: each is put back on
+  # the path (Mix.ensure_application!/1, absent before 1.15), then started.
+  @download_apps [:crypto, :public_key, :ssl, :inets]
+
   @doc "GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name."
   def download(url, proxy) do
-    with {:ok, _} <- Application.ensure_all_started(:inets),
-         {:ok, _} <- Application.ensure_all_started(:ssl),
+    with :ok <- start(@download_apps),
          {:ok, options} <- http_options(url) do
       case :inets.start(:httpc, profile: @profile) do
         {:ok, _} -> :ok
@@ -257,6 +261,18 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   end
 
   defp http_options(_url), do: {:ok, @timeouts}
+
+  defp start(apps) do
+    Enum.reduce_while(apps, :ok, fn app, :ok ->
+      if function_exported?(Mix, :ensure_application!, 1),
+        do: apply(Mix, :ensure_application!, [app])
+
+      case Application.ensure_all_started(app) do
+        {:ok, _} -> {:cont, :ok}
+        {:error, _} = error -> {:halt, error}
+      end
+    end)
+  end
 
   defp http_error({:failed_connect, info}) do
     case List.keyfind(info, :inet, 0) do

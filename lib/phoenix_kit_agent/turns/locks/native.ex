@@ -34,31 +34,35 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
     end
   end
 
-  def start(_config), do: not_loaded()
-  def stop, do: not_loaded()
+  def start(_config), do: :erlang.nif_error(not_loaded())
+  def stop, do: :erlang.nif_error(not_loaded())
   def loaded, do: false
-  def click_prefix, do: not_loaded()
-  def ddl(_kind, _prefix), do: not_loaded()
-  def setup(_kind), do: not_loaded()
+  def click_prefix, do: :erlang.nif_error(not_loaded())
+  def ddl(_kind, _prefix), do: :erlang.nif_error(not_loaded())
+  def setup(_kind), do: :erlang.nif_error(not_loaded())
 
   # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
   # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).
-  def run(_start, _function, _args), do: not_loaded()
-  def enter(_start, _function, _args), do: not_loaded()
-  def leave, do: not_loaded()
-  def status, do: not_loaded()
+  def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
+  def enter(_start, _function, _args), do: :erlang.nif_error(not_loaded())
+  def leave, do: :erlang.nif_error(not_loaded())
+  def status, do: :erlang.nif_error(not_loaded())
 
   # testing: :sandbox (native/locks_nif/src/repo.rs, run by Locks.Sandbox).
-  def repo_start(_prefix), do: not_loaded()
-  def repo_step(_function, _args), do: not_loaded()
-  def repo_columns(_rows), do: not_loaded()
-  def repo_answer(_function, _args, _rows), do: not_loaded()
+  def repo_start(_prefix), do: :erlang.nif_error(not_loaded())
+  def repo_step(_function, _args), do: :erlang.nif_error(not_loaded())
+  def repo_columns(_rows), do: :erlang.nif_error(not_loaded())
+  def repo_answer(_function, _args, _rows), do: :erlang.nif_error(not_loaded())
 
+  # The exception a stub raises. Raised by `:erlang.nif_error/1`, as rustler's
+  # stubs are, so that Elixir's type checker (1.18 on) reads a stub's result
+  # as any term, not as `none()`, at the call sites that match it.
   defp not_loaded do
     why = :persistent_term.get({__MODULE__, :load_error}, "not loaded")
 
-    raise PhoenixKitAgent.Turns.Locks.Error,
+    PhoenixKitAgent.Turns.Locks.Error.exception(
       reason: :nif_not_loaded,
       message: "the locks NIF is not loaded (#{why}); run `mix compile`"
+    )
   end
 end
