@@ -191,7 +191,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Wire do
          {:ok, answer} <- :gen_tcp.recv(socket, 1, config.connect_timeout) do
       case {answer, config.sslmode} do
         {"S", mode} ->
-          {:ok, _} = Application.ensure_all_started(:ssl)
+          :ok = Mix.Tasks.Compile.LocksNif.Prebuilt.ensure_started([:ssl])
           :ssl.connect(socket, ssl_options(config, mode), config.connect_timeout)
 
         {"N", :prefer} ->

@@ -14,6 +14,10 @@
 #     mode. The SQL of the tests' own goes to the database directly.
 alias PhoenixKitAgent.Turns.Locks.{Schema, TestDB}
 
+# The project lists no TLS application (mix.exs); the tests of the download
+# speak TLS themselves, and Mix (Elixir 1.15 on) left them off the code path.
+:ok = Mix.Tasks.Compile.LocksNif.Prebuilt.ensure_started([:ssl])
+
 app = :phoenix_kit_agent_locks
 pg = fn args -> System.cmd(Path.expand("scripts/pg"), args) end
 

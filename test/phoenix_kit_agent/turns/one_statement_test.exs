@@ -69,7 +69,7 @@ defmodule PhoenixKitAgent.Turns.OneStatementTest do
   rescue
     e ->
       # Another test run may be creating it at the same moment.
-      if e.message =~ "already exists" do
+      if Exception.message(e) =~ "already exists" do
         TestDB.query!("SELECT 1 FROM pg_stat_statements LIMIT 1")
       else
         reraise RuntimeError,

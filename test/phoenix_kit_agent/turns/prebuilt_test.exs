@@ -274,9 +274,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
       # A server certificate from a CA of the test's own (one no system trusts).
       key = [key: {:namedCurve, :secp256r1}]
 
-      # The download starts :ssl itself; the server here may come first.
-      {:ok, _} = Application.ensure_all_started(:ssl)
-
+      # :ssl runs already: test_helper.exs starts it.
       %{server_config: tls} =
         :public_key.pkix_test_data(%{
           server_chain: %{root: key, intermediates: [], peer: key},

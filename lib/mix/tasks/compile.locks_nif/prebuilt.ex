@@ -213,14 +213,12 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     File.write!(path, "%{\n#{Enum.join(lines, ",\n")}\n}\n")
   end
 
-  # Mix (Elixir 1.15 on) keeps only the code paths of the applications a
-  # project lists, and this project lists none of these: each is put back on
-  # the path (Mix.ensure_application!/1, absent before 1.15), then started.
+  # What a download needs; the project lists none of them (mix.exs).
   @download_apps [:crypto, :public_key, :ssl, :inets]
 
   @doc "GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name."
   def download(url, proxy) do
-    with :ok <- start(@download_apps),
+    with :ok <- ensure_started(@download_apps),
          {:ok, options} <- http_options(url) do
       case :inets.start(:httpc, profile: @profile) do
         {:ok, _} -> :ok
@@ -248,21 +246,39 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  defp http_options("https:" <> _ = url) do
-    ssl = [
-      verify: :verify_peer,
-      cacerts: :public_key.cacerts_get(),
-      customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
-    ]
-
-    {:ok, [ssl: ssl] ++ @timeouts}
-  rescue
-    error -> {:error, "no CA certificates to verify #{url}: #{Exception.message(error)}"}
+  # Every download verifies TLS: an http: URL too, should it redirect to
+  # https:. Without the system's CA certificates, an https: URL is refused
+  # here; an http: one goes on (OTP 27's :httpc would crash looking for them
+  # itself), and a redirect of it to https: is refused by the TLS check.
+  defp http_options(url) do
+    case {url, cacerts()} do
+      {"https:" <> _, {:error, why}} -> {:error, "no CA certificates to verify #{url}: #{why}"}
+      {_, {:error, _}} -> {:ok, [ssl: verify_tls([])] ++ @timeouts}
+      {_, certs} -> {:ok, [ssl: verify_tls(certs)] ++ @timeouts}
+    end
   end
 
-  defp http_options(_url), do: {:ok, @timeouts}
+  defp cacerts do
+    :public_key.cacerts_get()
+  rescue
+    error -> {:error, Exception.message(error)}
+  end
 
-  defp start(apps) do
+  defp verify_tls(certs) do
+    [
+      verify: :verify_peer,
+      cacerts: certs,
+      customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
+    ]
+  end
+
+  @doc """
+  Starts `apps`, first putting each on the code path: Mix (Elixir 1.15 on)
+  keeps only the paths of the applications a project lists
+  (`Mix.ensure_application!/1`, absent before 1.15). `:ok`, or the first
+  `{:error, {app, reason}}`.
+  """
+  def ensure_started(apps) do
     Enum.reduce_while(apps, :ok, fn app, :ok ->
       if function_exported?(Mix, :ensure_application!, 1),
         do: apply(Mix, :ensure_application!, [app])
