@@ -77,7 +77,7 @@ defmodule PhoenixKitAgent.Turns.OneStatementTest do
                   message:
                     "this test counts statements with pg_stat_statements, which the " <>
                       "server must preload (shared_preload_libraries; scripts/pg does): " <>
-                      e.message
+                      Exception.message(e)
                 ],
                 __STACKTRACE__
       end
