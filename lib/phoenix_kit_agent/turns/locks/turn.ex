@@ -6,44 +6,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   outlive their last renewal). `PhoenixKitAgent.Turns.Locks.lost?/1` tells
   whether it may still count on its locks. The other fields are the runner's.
 
-  ## The lease, from the holder's side
+  One keeper per turn, this module's GenServer under `Locks.Keepers`, takes
+  the locks for the caller, renews them every `lease_s / 3` (each `keep/5` in
+  a short-lived process, so that a database that does not answer never holds
+  it up) and releases them when the turn ends or its caller dies. The lease is
+  trusted until `sent + lease_s - lease_s / 50` on the node's monotonic clock,
+  `sent` being when the last renewal the database confirmed was sent (the
+  README's "Short leases" says why no taker can come first). That deadline is
+  an `:atomics` slot, which `lost?/1` reads in any process.
 
-  Every renewal (`keep/5`) dates both locks `ttl_s - lease_s` seconds back by
-  the database's `now()`, which is no earlier than the moment the renewal was
-  sent: no taker can take them over sooner than `lease_s` after that moment.
-  So the turn trusts its lease, on the node's monotonic clock, until
-
-      sent + lease_s - lease_s / 50
-
-  where `sent` is when the last renewal the database confirmed was sent (the
-  acquire, at first). The 2 % margin covers the two clocks ticking at
-  different rates (NTP slews a clock by at most 0.05 %) and the VM's
-  correction of its monotonic clock; the database's clock, which decides
-  every take-over, must not be stepped forward during a lease. The deadline
-  is an `:atomics`, so `lost?/1` compares it itself, in any process, with no
-  message: it is right even while no process of the turn is scheduled.
-
-  ## One keeper per turn
-
-  The caller starts the turn's keeper (a GenServer under the library's
-  `Locks.Keepers`) and waits while it takes the locks. The keeper renews them
-  every `lease_s / 3`, each `keep/5` in a short-lived process so that a
-  database that does not answer never holds it up. When `fun` returns, the
-  caller asks the keeper to end the turn: it answers whether the turn ended
-  holding its locks, releases them and stops. A caller that dies, even during
-  the acquire, is seen by the keeper, which releases once the acquire
-  returned. One back-off serves every retry: the acquire's while refused and
-  `:wait_ms` lasts, a renewal's after an error, a release's within the lease
-  (after which a `Logger.warning` and the `[:turn, :release_failed]` event).
-
-  The turn is lost when a renewal answers `false`, when the deadline passes,
-  or when the keeper stops before the turn ends. The caller is then sent
-  `{:turn_lock_lost, ref}` once, with the `[:turn, :lost]` event, by whoever
-  moves the turn's phase (a second `:atomics` slot) from running: the keeper;
-  its `terminate/2` on a graceful stop, which also releases; after it was
-  killed or crashed, the keeper its supervisor starts again in its place,
-  which tells in `init/1` and releases; or the caller, finding the keeper
-  gone at the end of its turn.
+  A second slot holds the turn's phase; whoever moves it from running tells
+  the caller, once: the keeper (a renewal answered `false`, the deadline
+  passed); its `terminate/2` on a graceful stop; a keeper killed or crashed is
+  started again by its supervisor, and tells in `init/1`; or the caller, when
+  it finds its keeper gone at the end. One back-off serves every retry.
   """
 
   use GenServer, restart: :transient
@@ -53,8 +29,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Error, Observe}
 
-  @enforce_keys [:conversation_uuid, :user_uuid, :ref, :ttl_s, :lease_s, :caller, :keeper, :lease]
-  defstruct @enforce_keys
+  defstruct [:conversation_uuid, :user_uuid, :ref, :ttl_s, :lease_s, :caller, :keeper, :lease]
 
   @type t :: %__MODULE__{
           conversation_uuid: String.t(),
@@ -68,13 +43,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
         }
 
   # The :atomics slots: the monotonic millisecond until which the lease is
-  # trusted (@lost for good: nothing moves it back), and the turn's phase.
+  # trusted (@lost: for good), and the phase: @new until the keeper starts,
+  # @acquiring, @running, then @ended (nobody is told: the turn ended holding
+  # its locks, or its caller died) or @telling (the keeper sends), @told, or
+  # @told_late (by a keeper started again, in its init/1).
+  @not_started "not started: the :phoenix_kit_agent_locks application "
   @deadline 1
   @phase 2
   @lost -0x8000000000000000
-  # No keeper yet; then acquiring, running, and one of: ended (holding its
-  # locks, or its caller died: nobody is told), telling (the keeper is
-  # sending), told, told_late (by a keeper started again, in its init/1).
   @new 0
   @acquiring 1
   @running 2
@@ -90,11 +66,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     wait_ms = opts[:wait_ms]
 
     unless is_integer(wait_ms) and wait_ms >= 0,
-      do:
-        raise(
-          ArgumentError,
-          "invalid wait_ms: expected a whole number, 0 or more, got: #{inspect(wait_ms)}"
-        )
+      do: raise(ArgumentError, "invalid wait_ms: expected 0 or more, got: #{inspect(wait_ms)}")
 
     # ttl_s and lease_s are checked by acquire/5, in the keeper, before any SQL.
     turn = %__MODULE__{
@@ -111,9 +83,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     :atomics.put(turn.lease, @deadline, @lost)
     turn = %{turn | keeper: start_keeper!(turn)}
 
-    case call(turn.keeper, {:acquire, wait_ms}) do
+    case retry(fn -> call(turn.keeper, :acquire) end, now() + wait_ms) do
       :ok -> hold(turn, fun)
-      {:error, _reason} = refused -> refused
+      {:error, _reason} = refused -> with(_ <- call(turn.keeper, :finish), do: refused)
       {:raise, exception} -> raise exception
       :gone -> raise not_started("stopped while the turn's locks were being taken")
     end
@@ -129,19 +101,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   # The supervisor is gone or going (the application stopped): nothing was taken.
   defp start_keeper!(turn) do
-    case DynamicSupervisor.start_child(Locks.Keepers, {__MODULE__, turn}) do
-      {:ok, keeper} -> keeper
-      _error -> raise not_started("is not running")
-    end
+    {:ok, keeper} = DynamicSupervisor.start_child(Locks.Keepers, {__MODULE__, turn})
+    keeper
   catch
     :exit, _ -> raise not_started("is not running")
   end
 
-  defp not_started(what),
-    do: %Error{
-      reason: :not_started,
-      message: "not started: the :phoenix_kit_agent_locks application #{what}"
-    }
+  defp not_started(what), do: %Error{reason: :not_started, message: @not_started <> what}
 
   defp call(server, request) do
     GenServer.call(server, request, :infinity)
@@ -162,23 +128,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   # :ok when the turn ended holding its locks, :lost when it knows it did not.
   defp finish(turn), do: with(:gone <- call(turn.keeper, :finish), do: gone(turn))
 
-  # The keeper ended before the turn did (it was stopped, killed or crashed):
-  # the turn is lost, and the caller tells itself unless a keeper did. One
-  # started again tells in init/1, which the supervisor runs before it answers
-  # anything else: after one call to it, that message is in the mailbox.
+  # The keeper ended before the turn (stopped, killed, crashed): the turn is
+  # lost, and the caller tells itself unless a keeper did. A keeper started
+  # again tells in init/1, which the supervisor runs before it answers any
+  # call: after one, that message is in the mailbox.
   defp gone(turn) do
     case :atomics.get(turn.lease, @phase) do
-      @ended ->
-        :ok
-
-      @told ->
-        :lost
-
-      @told_late ->
-        call(Locks.Keepers, :count_children) && :lost
-
-      phase when phase in [@running, @telling] ->
-        (tell(turn, phase, @told) && :lost) || gone(turn)
+      @ended -> :ok
+      @told -> :lost
+      @told_late -> with(_ <- call(Locks.Keepers, :count_children), do: :lost)
+      phase -> (tell(turn, phase, @told) && :lost) || gone(turn)
     end
   end
 
@@ -191,8 +150,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
          (:atomics.compare_exchange(lease, @deadline, deadline, @lost) == :ok or expired?(lease)))
   end
 
-  # The lease is lost for good; the caller is told by whoever moves the phase
-  # from `from` (running, or telling when the teller was killed while sending).
+  # The lease is lost for good. The caller is told by whoever moves the phase
+  # from `from`: running, or telling should the keeper die while it sends.
   defp tell(turn, from, to) do
     :atomics.put(turn.lease, @deadline, @lost)
     told? = from in [@running, @telling] and cas(turn, from, to)
@@ -224,10 +183,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
         # Exits trapped: a graceful stop goes through terminate/2.
         Process.flag(:trap_exit, true)
         Process.monitor(turn.caller)
-        {:ok, %{turn: turn, held: false, lease_ms: nil, keeping: nil, timer: nil, pause: 50}}
+        {:ok, %{turn: turn, held: false, lease_ms: nil, keeping: nil, pause: 50}}
 
       phase ->
-        # Started again after this turn's keeper was killed or crashed.
+        # Started again after the turn's keeper was killed or crashed.
         tell(turn, phase, @told_late)
         {:ok, %{turn: turn}, {:continue, :release}}
     end
@@ -235,158 +194,125 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   @impl true
   def handle_continue(:release, state) do
-    release_within(state.turn)
+    release(state.turn, :within_lease)
     {:stop, :normal, state}
   end
 
   @impl true
-  def handle_call({:acquire, wait_ms}, _from, %{turn: turn} = state) do
-    case acquire(turn, now() + wait_ms, 50) do
-      {:ok, sent} ->
+  def handle_call(:acquire, _from, %{turn: turn} = state) do
+    sent = now()
+
+    case safely(fn -> apply(Locks, :acquire, args(turn)) end) do
+      :ok ->
         state = %{state | held: true, lease_ms: turn.lease_s * 1_000}
         :atomics.put(turn.lease, @deadline, trusted_until(state, sent))
         :atomics.put(turn.lease, @phase, @running)
         {:reply, :ok, renewed(state, sent)}
 
+      {:error, _busy} = refused ->
+        {:reply, refused, state}
+
       {:raise, %Error{reason: reason} = error} when reason in [:timeout, :disconnected] ->
         # It may have run: release what it may have taken.
-        release_within(turn)
+        release(turn, :within_lease)
         {:stop, :normal, {:raise, error}, state}
 
-      {:stop, reason} ->
-        {:stop, reason, {:raise, not_started("is stopping")}, state}
-
-      refused_or_raised ->
-        {:stop, :normal, refused_or_raised, state}
+      raised ->
+        {:stop, :normal, raised, state}
     end
   end
 
   def handle_call(:finish, _from, %{turn: turn} = state) do
-    verdict =
-      if not expired?(turn.lease) and cas(turn, @running, @ended) do
-        :ok
-      else
-        tell(turn, @running, @telling)
-        :lost
-      end
-
-    :atomics.put(turn.lease, @deadline, @lost)
-    release_within(turn)
+    verdict = if not expired?(turn.lease) and cas(turn, @running, @ended), do: :ok, else: :lost
+    tell(turn, @running, @telling)
+    if state.held, do: release(turn, :within_lease)
     {:stop, :normal, verdict, %{state | held: false}}
   end
 
   @impl true
   def handle_info(:keep, %{turn: turn, keeping: nil} = state) do
-    if :atomics.get(turn.lease, @phase) == @running do
-      if state.timer, do: Process.cancel_timer(state.timer)
-      {sent, args} = {now(), args(turn)}
+    with @running <- :atomics.get(turn.lease, @phase) do
+      sent = now()
 
       {_pid, monitor} =
         spawn_monitor(fn ->
           Locks.Sandbox.allow(turn.caller)
-          exit({:kept, safely(fn -> apply(Locks, :keep, args) end)})
+          exit({:kept, safely(fn -> apply(Locks, :keep, args(turn)) end)})
         end)
 
-      {:noreply, %{state | keeping: {monitor, sent}, timer: nil}}
+      {:noreply, %{state | keeping: {monitor, sent}}}
     else
-      {:noreply, state}
+      _not_running -> {:noreply, state}
     end
   end
 
   def handle_info({:DOWN, monitor, :process, _, answer}, %{keeping: {monitor, sent}} = state) do
     state = %{state | keeping: nil}
-    deadline = trusted_until(state, sent)
 
     case answer do
       {:kept, true} ->
-        # Confirmed: trusted until its deadline, unless the lease was lost meanwhile.
-        current = :atomics.get(state.turn.lease, @deadline)
+        if extend(state, sent),
+          do: {:noreply, renewed(%{state | pause: 50}, sent)},
+          else: lose(state)
 
-        if not expired?(state.turn.lease) and
-             :atomics.compare_exchange(state.turn.lease, @deadline, current, deadline) == :ok do
-          {:noreply, renewed(%{state | pause: 50}, sent)}
-        else
-          tell(state.turn, @running, @telling)
-          {:noreply, state}
-        end
-
+      # The lease expired, or a lock was taken over: lost for good.
       {:kept, false} ->
-        # The lease expired, or a lock was taken over: lost for good.
-        tell(state.turn, @running, @telling)
-        {:noreply, state}
+        lose(state)
 
-      _transient ->
-        # A timeout, a lost connection: again soon; the deadline ends the turn
-        # should no renewal be confirmed before it.
+      # A timeout, a lost connection: again soon; the deadline ends the turn
+      # should no renewal be confirmed before it.
+      _error ->
         {wait, pause} = backoff(state.pause)
-        {:noreply, %{state | pause: pause, timer: Process.send_after(self(), :keep, wait)}}
+        Process.send_after(self(), :keep, wait)
+        {:noreply, %{state | pause: pause}}
     end
   end
 
   def handle_info({:DOWN, _, :process, caller, _}, %{turn: %{caller: caller}} = state) do
     # Its caller died: the turn ends here, and nobody is told.
     cas(state.turn, @running, @ended)
-    if state.held, do: release_within(state.turn)
+    if state.held, do: release(state.turn, :within_lease)
     {:stop, :normal, %{state | held: false}}
   end
 
-  def handle_info(:deadline, %{turn: turn} = state) do
-    if expired?(turn.lease), do: tell(turn, @running, @telling)
-    {:noreply, state}
-  end
+  def handle_info(:deadline, state),
+    do: if(expired?(state.turn.lease), do: lose(state), else: {:noreply, state})
 
   def handle_info(_stale, state), do: {:noreply, state}
 
   # A graceful stop (the application's) while the turn runs: lost, released
-  # once. A killed or crashed keeper is started again instead (init/1).
+  # once. A keeper killed or crashed is started again instead (init/1).
   @impl true
   def terminate(reason, %{held: true, turn: turn})
       when reason == :shutdown or (is_tuple(reason) and elem(reason, 0) == :shutdown) do
     tell(turn, @running, @telling)
-    with {:error, error} <- release(turn), do: give_up(turn, error)
+    release(turn, :once)
   end
 
   def terminate(_reason, _state), do: :ok
 
-  # The renewal confirmed at `sent`: the deadline armed, the next renewal due.
+  defp lose(state) do
+    tell(state.turn, @running, @telling)
+    {:noreply, state}
+  end
+
+  # A renewal sent at `sent` confirmed: trusted longer, unless already lost.
+  defp extend(%{turn: turn} = state, sent) do
+    current = :atomics.get(turn.lease, @deadline)
+    deadline = trusted_until(state, sent)
+    now() < current and :atomics.compare_exchange(turn.lease, @deadline, current, deadline) == :ok
+  end
+
+  # The deadline armed and the next renewal due, from `sent`.
   defp renewed(state, sent) do
     Process.send_after(self(), :deadline, trusted_until(state, sent), abs: true)
-    every = max(div(state.lease_ms, 3), 1)
-    %{state | timer: Process.send_after(self(), :keep, max(sent + every - now(), 0))}
+    Process.send_after(self(), :keep, max(sent + max(div(state.lease_ms, 3), 1) - now(), 0))
+    state
   end
 
   defp trusted_until(state, sent), do: sent + state.lease_ms - div(state.lease_ms, 50)
 
-  # acquire/5, again while refused until `until`, pausing with the back-off; a
-  # caller that dies or a shutdown during a pause stops it.
-  defp acquire(turn, until, pause) do
-    sent = now()
-    {wait, next} = backoff(pause)
-    caller = turn.caller
-
-    case safely(fn -> apply(Locks, :acquire, args(turn)) end) do
-      :ok ->
-        {:ok, sent}
-
-      {:error, _} = refused when until > sent ->
-        receive do
-          {:DOWN, _, :process, ^caller, _} -> refused
-          {:EXIT, _, reason} -> {:stop, reason}
-        after
-          min(until - now(), wait) |> max(0) -> acquire(turn, until, next)
-        end
-
-      refused_or_raised ->
-        refused_or_raised
-    end
-  end
-
-  defp args(turn),
-    do: [turn.conversation_uuid, turn.user_uuid, turn.ref, turn.ttl_s, turn.lease_s]
-
-  # The one back-off: 50 ms doubling to 1 s, each pause shortened at random by
-  # up to a quarter. {this pause, the next one}.
-  defp backoff(pause), do: {pause - :rand.uniform(div(pause, 4) + 1) + 1, min(pause * 2, 1_000)}
+  defp args(t), do: [t.conversation_uuid, t.user_uuid, t.ref, t.ttl_s, t.lease_s]
 
   defp safely(fun) do
     fun.()
@@ -394,21 +320,25 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     exception -> {:raise, exception}
   end
 
-  # Releases, again with the back-off for the lease (after which the locks are
-  # free for any taker anyway); then gives up with a warning and an event.
-  defp release_within(turn), do: release_within(turn, now() + turn.lease_s * 1_000, 50)
+  # The one back-off: 50 ms doubling to 1 s, each pause shortened at random by
+  # up to a quarter. {this pause, the next}.
+  defp backoff(pause), do: {pause - :rand.uniform(div(pause, 4) + 1) + 1, min(pause * 2, 1_000)}
 
-  defp release_within(turn, until, pause) do
-    {wait, next} = backoff(pause)
-
-    with {:error, error} <- release(turn) do
-      if now() + wait < until do
-        Process.sleep(wait)
-        release_within(turn, until, next)
-      else
-        give_up(turn, error)
-      end
+  # fun.() again, with the back-off, while it answers {:error, _} and `until`
+  # is ahead: the last answer.
+  defp retry(fun, until, pause \\ 50) do
+    with {:error, _} = error <- fun.() do
+      {wait, next} = backoff(pause)
+      left = until - now()
+      if left > 0, do: Process.sleep(min(wait, left)) && retry(fun, until, next), else: error
     end
+  end
+
+  # Releases, again for the lease (after which the locks are free for any
+  # taker anyway) or once; else a warning and an event.
+  defp release(turn, how) do
+    until = if how == :once, do: 0, else: now() + turn.lease_s * 1_000
+    with {:error, error} <- retry(fn -> release(turn) end, until), do: give_up(turn, error)
   end
 
   defp release(turn) do
