@@ -1,25 +1,19 @@
 defmodule PhoenixKitAgent.Turns.Locks.Turn do
   @moduledoc """
-  A turn of `PhoenixKitAgent.Turns.Locks.with_turn/4`: its
-  `conversation_uuid`, `user_uuid`, `ref` (made by `with_turn/4`), `ttl_s`
-  (the TTL every taker of these locks uses) and `lease_s` (how long its locks
-  outlive their last renewal). `PhoenixKitAgent.Turns.Locks.lost?/1` tells
-  whether it may still count on its locks. The other fields are the runner's.
+  A turn of `PhoenixKitAgent.Turns.Locks.with_turn/4`: its `conversation_uuid`,
+  `user_uuid`, `ref`, `ttl_s` (the takers' TTL) and `lease_s`; the other fields
+  are the runner's. `PhoenixKitAgent.Turns.Locks.lost?/1` reads its lease.
 
-  One keeper per turn, this module's GenServer under `Locks.Keepers`, takes
+  One keeper per turn (this module's GenServer, under `Locks.Keepers`) takes
   the locks for the caller, renews them every `lease_s / 3` (each `keep/5` in
-  a short-lived process, so that a database that does not answer never holds
-  it up) and releases them when the turn ends or its caller dies. The lease is
-  trusted until `sent + lease_s - lease_s / 50` on the node's monotonic clock,
-  `sent` being when the last renewal the database confirmed was sent (the
-  README's "Short leases" says why no taker can come first). That deadline is
-  an `:atomics` slot, which `lost?/1` reads in any process.
-
-  A second slot holds the turn's phase; whoever moves it from running tells
-  the caller, once: the keeper (a renewal answered `false`, the deadline
-  passed); its `terminate/2` on a graceful stop; a keeper killed or crashed is
-  started again by its supervisor, and tells in `init/1`; or the caller, when
-  it finds its keeper gone at the end. One back-off serves every retry.
+  a process of its own: a database that does not answer never holds it up)
+  and releases them when the turn ends or its caller dies. The lease is
+  trusted until `lease_s` less 2 % after the sending of the last renewal the
+  database confirmed, on the node's monotonic clock (why no taker comes first:
+  the README's "Short leases"), an `:atomics` slot that `lost?/1` reads.
+  Whoever moves the turn's phase, a second slot, from running tells the
+  caller, once: the keeper, its `terminate/2` on a graceful stop, the keeper
+  its supervisor starts again after one was killed, or the caller at the end.
   """
 
   use GenServer, restart: :transient
@@ -31,23 +25,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   defstruct [:conversation_uuid, :user_uuid, :ref, :ttl_s, :lease_s, :caller, :keeper, :lease]
 
-  @type t :: %__MODULE__{
-          conversation_uuid: String.t(),
-          user_uuid: String.t(),
-          ref: String.t(),
-          ttl_s: pos_integer(),
-          lease_s: pos_integer(),
-          caller: pid(),
-          keeper: pid(),
-          lease: :atomics.atomics_ref()
-        }
+  @type t :: %__MODULE__{conversation_uuid: String.t(), user_uuid: String.t(), ref: String.t()}
 
-  # The :atomics slots: the monotonic millisecond until which the lease is
-  # trusted (@lost: for good), and the phase: @new until the keeper starts,
-  # @acquiring, @running, then @ended (nobody is told: the turn ended holding
-  # its locks, or its caller died) or @telling (the keeper sends), @told, or
-  # @told_late (by a keeper started again, in its init/1).
-  @not_started "not started: the :phoenix_kit_agent_locks application "
+  # :atomics slots: the monotonic ms until which the lease is trusted (@lost:
+  # for good), and the phase: @new, @acquiring, @running, then @ended (nobody
+  # told) or @telling, @told, @told_late (by a keeper started again).
   @deadline 1
   @phase 2
   @lost -0x8000000000000000
@@ -58,6 +40,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   @telling 4
   @told 5
   @told_late 6
+  @not_started "not started: the :phoenix_kit_agent_locks application "
 
   @doc false
   def run(conversation_uuid, user_uuid, opts, fun) when is_function(fun, 1) do
@@ -76,11 +59,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
       ttl_s: ttl_s,
       lease_s: opts[:lease_s] || ttl_s,
       caller: self(),
-      keeper: nil,
       lease: :atomics.new(2, signed: true)
     }
 
-    :atomics.put(turn.lease, @deadline, @lost)
     turn = %{turn | keeper: start_keeper!(turn)}
 
     case retry(fn -> call(turn.keeper, :acquire) end, now() + wait_ms) do
@@ -96,10 +77,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   end
 
   @doc false
-  def lost?(%__MODULE__{lease: lease, keeper: keeper}),
-    do: expired?(lease) or not Process.alive?(keeper)
+  def lost?(%__MODULE__{lease: lease, keeper: pid}),
+    do: expired?(lease) or not Process.alive?(pid)
 
-  # The supervisor is gone or going (the application stopped): nothing was taken.
+  # An exit: the application is stopped or stopping, and nothing was taken.
   defp start_keeper!(turn) do
     {:ok, keeper} = DynamicSupervisor.start_child(Locks.Keepers, {__MODULE__, turn})
     keeper
@@ -116,22 +97,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   end
 
   defp hold(turn, fun) do
-    fun.(turn)
+    result = fun.(turn)
+    {finish(turn), result}
   catch
-    kind, reason ->
-      finish(turn)
-      :erlang.raise(kind, reason, __STACKTRACE__)
-  else
-    result -> {finish(turn), result}
+    kind, reason -> finish(turn) && :erlang.raise(kind, reason, __STACKTRACE__)
   end
 
   # :ok when the turn ended holding its locks, :lost when it knows it did not.
   defp finish(turn), do: with(:gone <- call(turn.keeper, :finish), do: gone(turn))
 
-  # The keeper ended before the turn (stopped, killed, crashed): the turn is
-  # lost, and the caller tells itself unless a keeper did. A keeper started
-  # again tells in init/1, which the supervisor runs before it answers any
-  # call: after one, that message is in the mailbox.
+  # The keeper ended first: tell unless a keeper did (one started again tells
+  # in init/1, which its supervisor runs before it answers the next call).
   defp gone(turn) do
     case :atomics.get(turn.lease, @phase) do
       @ended -> :ok
@@ -143,29 +119,23 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   # Whether the deadline passed; once it has, for good: no renewal moves it back.
   defp expired?(lease) do
-    deadline = :atomics.get(lease, @deadline)
-
-    deadline == @lost or
-      (now() >= deadline and
-         (:atomics.compare_exchange(lease, @deadline, deadline, @lost) == :ok or expired?(lease)))
+    at = :atomics.get(lease, @deadline)
+    now() >= at and (at == @lost or cas(lease, @deadline, at, @lost) or expired?(lease))
   end
 
-  # The lease is lost for good. The caller is told by whoever moves the phase
-  # from `from`: running, or telling should the keeper die while it sends.
-  defp tell(turn, from, to) do
+  # Lost for good; the caller told by whoever moves the phase from `from`
+  # (running, or telling: a keeper killed while it sent).
+  defp tell(turn, from, to \\ @telling) do
     :atomics.put(turn.lease, @deadline, @lost)
-    told? = from in [@running, @telling] and cas(turn, from, to)
 
-    if told? do
+    with true <- from in [@running, @telling] and cas(turn.lease, @phase, from, to) do
       send(turn.caller, {:turn_lock_lost, turn.ref})
       Observe.event([:turn, :lost], %{}, metadata(turn))
-      if to == @telling, do: :atomics.put(turn.lease, @phase, @told)
+      to != @telling or cas(turn.lease, @phase, @telling, @told)
     end
-
-    told?
   end
 
-  defp cas(turn, from, to), do: :atomics.compare_exchange(turn.lease, @phase, from, to) == :ok
+  defp cas(lease, slot, from, to), do: :atomics.compare_exchange(lease, slot, from, to) == :ok
   defp now, do: System.monotonic_time(:millisecond)
 
   ## The keeper
@@ -178,101 +148,76 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     # testing: :sandbox: the keeper's calls use the caller's sandbox connection.
     Locks.Sandbox.allow(turn.caller)
 
-    case :atomics.compare_exchange(turn.lease, @phase, @new, @acquiring) do
-      :ok ->
-        # Exits trapped: a graceful stop goes through terminate/2.
-        Process.flag(:trap_exit, true)
-        Process.monitor(turn.caller)
-        {:ok, %{turn: turn, held: false, lease_ms: nil, keeping: nil, pause: 50}}
-
-      phase ->
-        # Started again after the turn's keeper was killed or crashed.
-        tell(turn, phase, @told_late)
-        {:ok, %{turn: turn}, {:continue, :release}}
+    if cas(turn.lease, @phase, @new, @acquiring) do
+      Process.flag(:trap_exit, true)
+      Process.monitor(turn.caller)
+      {:ok, %{turn: turn, held: false, pause: 50}}
+    else
+      # Started again after the turn's keeper was killed or crashed.
+      tell(turn, :atomics.get(turn.lease, @phase), @told_late)
+      {:ok, %{turn: turn, held: true}, {:continue, :release}}
     end
   end
 
   @impl true
-  def handle_continue(:release, state) do
-    release(state.turn, :within_lease)
-    {:stop, :normal, state}
-  end
+  def handle_continue(:release, state), do: {:stop, :normal, close(state)}
 
   @impl true
   def handle_call(:acquire, _from, %{turn: turn} = state) do
     sent = now()
 
-    case safely(fn -> apply(Locks, :acquire, args(turn)) end) do
+    case attempt(turn, :acquire, 5) do
       :ok ->
-        state = %{state | held: true, lease_ms: turn.lease_s * 1_000}
-        :atomics.put(turn.lease, @deadline, trusted_until(state, sent))
+        :atomics.put(turn.lease, @deadline, trusted_until(turn, sent))
         :atomics.put(turn.lease, @phase, @running)
-        {:reply, :ok, renewed(state, sent)}
+        {:reply, :ok, renewed(%{state | held: true}, sent)}
 
-      {:error, _busy} = refused ->
+      {:error, busy} = refused when is_atom(busy) ->
         {:reply, refused, state}
 
-      {:raise, %Error{reason: reason} = error} when reason in [:timeout, :disconnected] ->
-        # It may have run: release what it may have taken.
-        release(turn, :within_lease)
-        {:stop, :normal, {:raise, error}, state}
-
-      raised ->
-        {:stop, :normal, raised, state}
+      {:error, error} ->
+        # After a :timeout or :disconnected it may have run: released then.
+        ran? = match?(%Error{reason: r} when r in [:timeout, :disconnected], error)
+        {:stop, :normal, {:raise, error}, close(%{state | held: ran?})}
     end
   end
 
-  def handle_call(:finish, _from, %{turn: turn} = state) do
-    verdict = if not expired?(turn.lease) and cas(turn, @running, @ended), do: :ok, else: :lost
-    tell(turn, @running, @telling)
-    if state.held, do: release(turn, :within_lease)
-    {:stop, :normal, verdict, %{state | held: false}}
+  def handle_call(:finish, _from, %{turn: %{lease: lease}} = state) do
+    held? = not expired?(lease) and cas(lease, @phase, @running, @ended)
+    {:stop, :normal, if(held?, do: :ok, else: :lost), close(state)}
   end
 
   @impl true
-  def handle_info(:keep, %{turn: turn, keeping: nil} = state) do
-    with @running <- :atomics.get(turn.lease, @phase) do
-      sent = now()
+  def handle_info(:keep, %{turn: turn} = state) do
+    sent = now()
 
-      {_pid, monitor} =
-        spawn_monitor(fn ->
-          Locks.Sandbox.allow(turn.caller)
-          exit({:kept, safely(fn -> apply(Locks, :keep, args(turn)) end)})
-        end)
-
-      {:noreply, %{state | keeping: {monitor, sent}}}
-    else
-      _not_running -> {:noreply, state}
+    if :atomics.get(turn.lease, @phase) == @running do
+      spawn_monitor(fn ->
+        Locks.Sandbox.allow(turn.caller)
+        exit({:kept, sent, attempt(turn, :keep, 5)})
+      end)
     end
+
+    {:noreply, state}
   end
 
-  def handle_info({:DOWN, monitor, :process, _, answer}, %{keeping: {monitor, sent}} = state) do
-    state = %{state | keeping: nil}
-
-    case answer do
-      {:kept, true} ->
-        if extend(state, sent),
-          do: {:noreply, renewed(%{state | pause: 50}, sent)},
-          else: lose(state)
-
-      # The lease expired, or a lock was taken over: lost for good.
-      {:kept, false} ->
-        lose(state)
-
-      # A timeout, a lost connection: again soon; the deadline ends the turn
-      # should no renewal be confirmed before it.
-      _error ->
-        {wait, pause} = backoff(state.pause)
-        Process.send_after(self(), :keep, wait)
-        {:noreply, %{state | pause: pause}}
-    end
-  end
-
+  # Its caller died: the turn ends here, and nobody is told.
   def handle_info({:DOWN, _, :process, caller, _}, %{turn: %{caller: caller}} = state) do
-    # Its caller died: the turn ends here, and nobody is told.
-    cas(state.turn, @running, @ended)
-    if state.held, do: release(state.turn, :within_lease)
-    {:stop, :normal, %{state | held: false}}
+    cas(state.turn.lease, @phase, @running, @ended)
+    {:stop, :normal, close(state)}
+  end
+
+  # A renewal's answer. false: the lease expired, or a lock was taken over.
+  def handle_info({:DOWN, _, :process, _, {:kept, sent, true}}, state),
+    do: if(extend(state.turn, sent), do: {:noreply, renewed(state, sent)}, else: lose(state))
+
+  def handle_info({:DOWN, _, :process, _, {:kept, _, false}}, state), do: lose(state)
+
+  # A timeout, a lost connection: again soon, within the deadline.
+  def handle_info({:DOWN, _, :process, _, _error}, state) do
+    {wait, pause} = backoff(state.pause)
+    Process.send_after(self(), :keep, wait)
+    {:noreply, %{state | pause: pause}}
   end
 
   def handle_info(:deadline, state),
@@ -280,52 +225,57 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   def handle_info(_stale, state), do: {:noreply, state}
 
-  # A graceful stop (the application's) while the turn runs: lost, released
-  # once. A keeper killed or crashed is started again instead (init/1).
+  # A graceful stop: lost, released once. A killed keeper's successor does it.
   @impl true
-  def terminate(reason, %{held: true, turn: turn})
-      when reason == :shutdown or (is_tuple(reason) and elem(reason, 0) == :shutdown) do
-    tell(turn, @running, @telling)
-    release(turn, :once)
-  end
-
+  def terminate(:shutdown, state), do: close(state, :once)
+  def terminate({:shutdown, _}, state), do: close(state, :once)
   def terminate(_reason, _state), do: :ok
 
+  # The turn over (lost unless it ended holding its locks); released, again
+  # for the lease (then they are free anyway) or once, else a warning.
+  defp close(%{turn: turn} = state, how \\ :within_lease) do
+    tell(turn, @running)
+
+    with true <- state.held,
+         until = if(how == :once, do: 0, else: now() + turn.lease_s * 1_000),
+         {:error, error} <- retry(fn -> attempt(turn, :release, 3) end, until),
+         do: give_up(turn, error)
+
+    %{state | held: false}
+  end
+
   defp lose(state) do
-    tell(state.turn, @running, @telling)
+    tell(state.turn, @running)
     {:noreply, state}
   end
 
   # A renewal sent at `sent` confirmed: trusted longer, unless already lost.
-  defp extend(%{turn: turn} = state, sent) do
-    current = :atomics.get(turn.lease, @deadline)
-    deadline = trusted_until(state, sent)
-    now() < current and :atomics.compare_exchange(turn.lease, @deadline, current, deadline) == :ok
+  defp extend(turn, sent) do
+    at = :atomics.get(turn.lease, @deadline)
+    now() < at and cas(turn.lease, @deadline, at, trusted_until(turn, sent))
   end
 
-  # The deadline armed and the next renewal due, from `sent`.
-  defp renewed(state, sent) do
-    Process.send_after(self(), :deadline, trusted_until(state, sent), abs: true)
-    Process.send_after(self(), :keep, max(sent + max(div(state.lease_ms, 3), 1) - now(), 0))
-    state
+  # From `sent`: the deadline armed, the next renewal due, the back-off reset.
+  defp renewed(%{turn: turn} = state, sent) do
+    Process.send_after(self(), :deadline, trusted_until(turn, sent), abs: true)
+    Process.send_after(self(), :keep, max(sent + div(turn.lease_s * 1_000, 3) - now(), 0))
+    %{state | pause: 50}
   end
 
-  defp trusted_until(state, sent), do: sent + state.lease_ms - div(state.lease_ms, 50)
+  # lease_s less its 2 % margin (clocks ticking at different rates), in ms.
+  defp trusted_until(turn, sent), do: sent + turn.lease_s * 980
 
-  defp args(t), do: [t.conversation_uuid, t.user_uuid, t.ref, t.ttl_s, t.lease_s]
-
-  defp safely(fun) do
-    fun.()
+  # Locks.fun/n on the turn's first n arguments; a raise as {:error, exception}.
+  defp attempt(t, fun, n) do
+    apply(Locks, fun, Enum.take([t.conversation_uuid, t.user_uuid, t.ref, t.ttl_s, t.lease_s], n))
   rescue
-    exception -> {:raise, exception}
+    exception -> {:error, exception}
   end
 
-  # The one back-off: 50 ms doubling to 1 s, each pause shortened at random by
-  # up to a quarter. {this pause, the next}.
+  # The one back-off: 50 ms doubling to 1 s, less up to a quarter at random.
   defp backoff(pause), do: {pause - :rand.uniform(div(pause, 4) + 1) + 1, min(pause * 2, 1_000)}
 
-  # fun.() again, with the back-off, while it answers {:error, _} and `until`
-  # is ahead: the last answer.
+  # fun.() again with the back-off while {:error, _} and `until` is ahead.
   defp retry(fun, until, pause \\ 50) do
     with {:error, _} = error <- fun.() do
       {wait, next} = backoff(pause)
@@ -334,28 +284,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     end
   end
 
-  # Releases, again for the lease (after which the locks are free for any
-  # taker anyway) or once; else a warning and an event.
-  defp release(turn, how) do
-    until = if how == :once, do: 0, else: now() + turn.lease_s * 1_000
-    with {:error, error} <- retry(fn -> release(turn) end, until), do: give_up(turn, error)
-  end
-
-  defp release(turn) do
-    Locks.release(turn.conversation_uuid, turn.user_uuid, turn.ref)
-  rescue
-    error in Error -> {:error, error}
-  end
-
   defp give_up(turn, error) do
     Logger.warning(
-      "phoenix_kit_agent_locks: could not release the locks of #{turn.ref} " <>
-        "(conversation #{turn.conversation_uuid}, user #{turn.user_uuid}): " <>
-        "#{Exception.message(error)}; they free themselves #{turn.lease_s} s " <>
-        "after their last renewal"
+      "phoenix_kit_agent_locks: could not release the locks of #{turn.ref} (conversation " <>
+        "#{turn.conversation_uuid}, user #{turn.user_uuid}): #{Exception.message(error)}; " <>
+        "they free themselves #{turn.lease_s} s after their last renewal"
     )
 
-    Observe.event([:turn, :release_failed], %{}, Map.put(metadata(turn), :reason, error.reason))
+    reason = Map.get(error, :reason)
+    Observe.event([:turn, :release_failed], %{}, Map.put(metadata(turn), :reason, reason))
   end
 
   defp metadata(turn), do: Map.take(turn, [:ref, :conversation_uuid, :user_uuid])
