@@ -238,13 +238,12 @@ defmodule Mix.Tasks.Locks.Demo do
         state(db, names, [{:chat, chat_b}])
     )
 
-    # Nothing releases: as when the whole node goes down (the watcher first,
-    # or it would release for the killed keeper).
-    Process.exit(turn.watcher, :kill)
-    Process.exit(turn.keeper, :kill)
+    # Nothing releases: as when the whole node goes down. The keeper is frozen,
+    # not killed (one killed is started again, and releases), the caller killed.
+    :ok = :sys.suspend(turn.keeper)
     Process.exit(runner, :kill)
     died = System.monotonic_time(:millisecond)
-    IO.puts("#{db_now(db)}  turn-7's node dies (its caller, keeper and watcher killed)")
+    IO.puts("#{db_now(db)}  turn-7's node dies (its caller killed, its keeper frozen)")
 
     try_turn = fn -> Locks.acquire(chat_b, bob, "turn-8", @ttl) end
     step.("turn-8 (bob)", "acquire(chat B, bob, ttl #{@ttl})", try_turn.(), [{:chat, chat_b}])
@@ -267,6 +266,8 @@ defmodule Mix.Tasks.Locks.Demo do
     )
 
     Locks.release(chat_b, bob, "turn-8")
+    # Thawed, the keeper sees its caller dead and releases: nothing of turn-7's is left.
+    :ok = :sys.resume(turn.keeper)
 
     IO.puts("\nDone: every answer above is one SQL statement, timed by the database.")
   end

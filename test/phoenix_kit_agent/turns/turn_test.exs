@@ -9,6 +9,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{AppEnv, TestDB, Turn}
   alias PhoenixKitAgent.Turns.Locks.Robust.Pg
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
 
   # A 3-second lease: the keeper renews it every second.
   @ttl 3
@@ -309,6 +310,47 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
       assert {nil, nil} = TestDB.lock(:user, user)
       ref = turn.ref
       assert_received {:telemetry, [:phoenix_kit_agent_locks, :turn, :lost], %{}, %{ref: ^ref}}
+    end
+
+    test "the keeper killed during its acquire: :not_started, nobody told, and the locks " <>
+           "released by the keeper started in its place once the acquire returned",
+         %{chat: chat, user: user} do
+      # The user's row exists, then is held by another session: the acquire
+      # takes the chat's row and waits for the user's.
+      other_chat = TestDB.insert_chat!()
+      :ok = Locks.acquire(other_chat, user, "earlier", 60)
+      :ok = Locks.release(other_chat, user, "earlier")
+      psql = TestDB.session!(TestDB.url())
+
+      TestDB.query!(
+        "BEGIN; SELECT 1 FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}' FOR UPDATE",
+        psql
+      )
+
+      me = self()
+
+      spawn(fn ->
+        result =
+          try do
+            Locks.with_turn(chat, user, [ttl_s: 60], fn _ -> flunk("ran") end)
+          rescue
+            error in Locks.Error -> {:raised, error.reason}
+          end
+
+        send(me, {:result, result, Process.info(self(), :messages)})
+      end)
+
+      waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+      assert Faults.until(fn -> TestDB.query!(waiting) == [["1"]] end, 5_000) == :ok
+      [{_, keeper, _, _}] = DynamicSupervisor.which_children(Locks.Keepers)
+      Process.exit(keeper, :kill)
+      # The keeper started again releases, after the acquire it waits behind.
+      TestDB.query!("ROLLBACK", psql)
+      TestDB.close(psql)
+
+      assert_receive {:result, {:raised, :not_started}, {:messages, []}}, 5_000
+      assert Faults.until(fn -> free?(chat, user) end, 5_000) == :ok
+      assert Faults.until(fn -> keepers() == 0 end, 5_000) == :ok
     end
 
     test "with no keeper supervisor (the application stopped), with_turn/4 raises :not_started " <>
