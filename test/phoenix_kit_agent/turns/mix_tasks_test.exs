@@ -46,7 +46,8 @@ defmodule PhoenixKitAgent.Turns.MixTasksTest do
   test "nothing configured: says what to set", %{dir: dir} do
     for task <- ["locks.setup", "locks.held"] do
       assert mix(dir, [task], nil) ==
-               {"** (Mix) mix #{task}: no database configured: set `config :phoenix_kit_agent_locks, " <>
+               {"** (Mix) mix #{task}: no database configured: set `config :phoenix_kit, " <>
+                  "repo: MyApp.Repo` (PhoenixKit's) or `config :phoenix_kit_agent_locks, " <>
                   "repo: MyApp.Repo` (or `url: \"postgres://user:password@host/database\"`) in " <>
                   "config/config.exs, or the DATABASE_URL environment variable\n", 1}
     end

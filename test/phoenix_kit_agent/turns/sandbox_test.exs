@@ -259,7 +259,8 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
     test "refuses anything else, naming the fix" do
       for {env, message} <- [
             {[testing: :inline], "testing: must be :sandbox or :disabled, got: :inline"},
-            {[testing: :sandbox], "testing: :sandbox needs repo: the host's Ecto repo"},
+            {[testing: :sandbox],
+             "testing: :sandbox needs repo: the host's Ecto repo (or PhoenixKit's)"},
             {[testing: :sandbox, repo: FakeRepo],
              "repo: PhoenixKitAgent.Turns.Locks.FakeRepo has no query/3 (an Ecto SQL repo), " <>
                "which testing: :sandbox runs"}
