@@ -370,6 +370,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   the database's clock) and `:stale` (whether it may be taken over under
   `ttl_s`). `mix locks.held` prints it as a table.
 
+  A lock whose age is unknown is listed first, with `since: nil`, `age_s:
+  nil` and `stale: true`: one with no `busy_since`, and one whose
+  `busy_since` a `DateTime` cannot hold (`infinity`, `-infinity`, a year
+  past 9999), which a host's own writes may leave. Such a row is stuck
+  rather than takeable (a lock dated `infinity` is never taken over):
+  `release/3` under its ref frees it. No row makes this raise.
+
       Locks.held_locks(120)
       # => [%{kind: :chat, uuid: "6f1c…", ref: "turn-1", since: ~U[…], age_s: 3.2, stale: false}, …]
   """
@@ -386,6 +393,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   def held_locks(ttl_s) do
     run(:held_locks, stamp(), binding(), [ttl!(ttl_s)], fn held ->
       for {kind, uuid, ref, since, age, stale} <- held do
+        # Within DateTime's range: the statement gives none other (sql.rs HELD_LOCKS).
         since = since && DateTime.from_unix!(since, :microsecond)
         %{kind: kind, uuid: uuid, ref: ref, since: since, age_s: age, stale: stale}
       end

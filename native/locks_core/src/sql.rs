@@ -331,25 +331,41 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// whose `busy_turn_ref` names a holder, the oldest first, at most 1000 (a
 /// listing for a person, not an export).
 ///
-/// `$1` the TTL to judge staleness by: `stale` is exactly the take-over
-/// predicate (`busy_since < now() - ttl`, or no `busy_since`). `since` is
-/// microseconds since the Unix epoch (a naive `busy_since` holds UTC); `age`
-/// is seconds by the database's clock. A read: it changes nothing.
+/// `$1` the TTL to judge staleness by: `stale` is the take-over predicate
+/// (`busy_since < now() - ttl`, or no `busy_since`). `since` is microseconds
+/// since the Unix epoch (a naive `busy_since` holds UTC); `age` is seconds
+/// by the database's clock. A read: it changes nothing.
+///
+/// A row's `busy_since` is shown (`at`) only when a caller can represent
+/// it: finite and before the year 10000 (Elixir's `DateTime` ends with
+/// 9999; PostgreSQL's begins after Elixir's does). Any other (`infinity`,
+/// `-infinity`, the year 12000) is read as no `busy_since`: `since` and
+/// `age` NULL and `stale` true, so that one bad row is listed, first, instead
+/// of failing the statement (`now() - 'infinity'` and an infinite epoch cast
+/// to `int8` raise) or its reading. Such a lock's age is unknown: `stale`
+/// then says it is stuck, not that a taker would take it (one dated
+/// `infinity` never is). The bound's zone (`+00`) is ignored against a
+/// `timestamp` column and read as UTC against a `timestamptz` one, so it
+/// is the same instant whatever the session's `TimeZone`.
 pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
     text: "
 SELECT * FROM (
   SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
-         (extract(epoch FROM busy_since) * 1000000)::int8 AS since,
-         extract(epoch FROM {chat_now} - busy_since)::float8 AS age,
-         coalesce(busy_since < {chat_now} - $1::int4 * interval '1 second', true) AS stale
-  FROM {chats} WHERE busy_turn_ref IS NOT NULL
+         (extract(epoch FROM s.at) * 1000000)::int8 AS since,
+         extract(epoch FROM {chat_now} - s.at)::float8 AS age,
+         coalesce(s.at < {chat_now} - $1::int4 * interval '1 second', true) AS stale
+  FROM {chats}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS at) s
+  WHERE busy_turn_ref IS NOT NULL
   UNION ALL
   SELECT 'user', user_uuid::text, busy_turn_ref::text,
-         (extract(epoch FROM busy_since) * 1000000)::int8,
-         extract(epoch FROM {user_now} - busy_since)::float8,
-         coalesce(busy_since < {user_now} - $1::int4 * interval '1 second', true)
-  FROM {users} WHERE busy_turn_ref IS NOT NULL
+         (extract(epoch FROM s.at) * 1000000)::int8,
+         extract(epoch FROM {user_now} - s.at)::float8,
+         coalesce(s.at < {user_now} - $1::int4 * interval '1 second', true)
+  FROM {users}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS at) s
+  WHERE busy_turn_ref IS NOT NULL
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
 LIMIT 1000",

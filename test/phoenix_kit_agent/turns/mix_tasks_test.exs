@@ -86,6 +86,25 @@ defmodule PhoenixKitAgent.Turns.MixTasksTest do
               1}
   end
 
+  test "locks.held lists a lock dated 'infinity' with an unknown age, stale, and exits 0",
+       %{dir: dir} do
+    chat = TestDB.uuid()
+    ref = "bad-row-#{System.unique_integer([:positive])}"
+
+    on_exit(fn ->
+      TestDB.query!("DELETE FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'")
+    end)
+
+    TestDB.query!(
+      TestDB.insert_chats_sql([chat]) <>
+        ";\nUPDATE phoenix_kit_agent_conversations SET busy_since = 'infinity', " <>
+        "busy_turn_ref = '#{ref}' WHERE uuid = '#{chat}'"
+    )
+
+    assert {out, 0} = mix(dir, ["locks.held"], TestDB.url())
+    assert out =~ ~r/^chat\s+#{chat}\s+#{ref}\s+-\s+unknown\s+stale\s*$/m
+  end
+
   test "configured: setup applies the DDL", %{dir: dir} do
     assert mix(dir, ["locks.setup"], TestDB.url()) ==
              {"phoenix_kit_agent_locks: applied tables DDL\n", 0}
