@@ -288,6 +288,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   with `opts`) that commits only while `turn` holds both its locks: a fenced
   transaction. `turn` is `with_turn/4`'s turn, or `{conversation_uuid,
   user_uuid, turn_ref}`. `fun` takes no argument, or the repo, as in Ecto.
+  `repo` must reach the database of the lock rows (the repo the library
+  takes its connection from does); the fence names the tables as the lock
+  calls do, under the `prefix` setting.
 
   Its first statement, before `fun` runs, takes the chat's and the user's
   lock rows `FOR SHARE`, each only where `busy_turn_ref` is the turn's (the

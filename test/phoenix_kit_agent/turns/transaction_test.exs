@@ -45,9 +45,9 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
     do: TestDB.query!("SELECT turn FROM #{@messages} WHERE chat = '#{chat}' ORDER BY turn")
 
   # Opens a fenced transaction for `ids` in a process of its own, which
-  # writes its message and waits for :commit. Returns its pid and the
-  # backend of its transaction.
-  defp open_fenced!(ids) do
+  # writes its message, waits for :commit, runs `last` (the repo) and
+  # commits. Returns its pid and the backend of its transaction.
+  defp open_fenced!(ids, last) do
     test = self()
 
     pid =
@@ -57,7 +57,8 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
             write!(repo, ids)
             {:ok, %{rows: [[backend]]}} = repo.query("SELECT pg_backend_pid()", [], [])
             send(test, {:open, self(), backend})
-            receive(do: (:commit -> :written))
+            receive(do: (:commit -> last.(repo)))
+            :written
           end)
 
         send(test, {:ended, self(), result})
@@ -78,8 +79,8 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
 
   # Sends `racer` while a fenced transaction of `ids` is open, and returns
   # its answer, asserting that it came only after the transaction's commit.
-  defp race_open_transaction(ids, racer) do
-    {fenced, backend} = open_fenced!(ids)
+  defp race_open_transaction(ids, racer, last \\ fn _repo -> :ok end) do
+    {fenced, backend} = open_fenced!(ids, last)
     task = Task.async(racer)
     assert_blocked_by!(backend)
     # Still waiting: the transaction has not ended.
@@ -152,13 +153,27 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
       assert_locks([chat: chat, user: user], chat: {"turn-2", 0}, user: {"turn-2", 0})
     end
 
-    test "a take-over sent while the transaction is open waits for its commit" do
+    test "a take-over sent while the transaction is open waits for its commit, even when fun writes the chat row" do
       {chat, user, _turn} = ids = turn!(2 * @ttl)
       other_user = new_user()
+      {chats, _key} = TestDB.table(:chat)
 
-      assert race_open_transaction(ids, fn ->
-               Locks.acquire(chat, other_user, "turn-2", @ttl)
-             end) == :ok
+      # The fence's FOR SHARE becomes the row lock of an UPDATE, with the taker
+      # waiting for the row: the transaction does not wait for the taker.
+      touch_chat = fn repo ->
+        {:ok, _} =
+          repo.query(
+            "UPDATE #{chats} SET busy_turn_ref = busy_turn_ref WHERE uuid = $1::uuid",
+            [uuid_bytes(chat)],
+            []
+          )
+      end
+
+      assert race_open_transaction(
+               ids,
+               fn -> Locks.acquire(chat, other_user, "turn-2", @ttl) end,
+               touch_chat
+             ) == :ok
 
       assert_locks([chat: chat, user: other_user], chat: {"turn-2", 0}, user: {"turn-2", 0})
       assert Locks.transaction(SandboxRepo, ids, fn -> flunk("fun ran") end) == {:error, :lost}
