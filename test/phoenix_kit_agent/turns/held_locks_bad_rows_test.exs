@@ -17,17 +17,7 @@ for {suffix, column} <- [
     @column column
 
     setup do
-      TestDB.query!(
-        """
-        DROP SCHEMA IF EXISTS #{@schema} CASCADE;
-        CREATE SCHEMA #{@schema};
-        CREATE TABLE #{@schema}.phoenix_kit_agent_conversations (
-        uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text);
-        CREATE TABLE #{@schema}.phoenix_kit_agent_user_settings (
-        user_uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text);
-        """,
-        TestDB.url()
-      )
+      TestDB.bare_tables!(@schema, @column)
 
       AppEnv.restore_on_exit()
       on_exit(fn -> TestDB.query!("DROP SCHEMA IF EXISTS #{@schema} CASCADE", TestDB.url()) end)
