@@ -300,7 +300,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
       its writes are committed;
     * `{:error, :lost}`: the turn no longer held both, `fun` did not run and
       nothing was written;
-    * `{:error, value}`: `fun` called `repo.rollback(value)`, as in Ecto.
+    * `{:error, value}`: `fun` called `repo.rollback(value)`, as in Ecto
+      (roll back with another value than `:lost`, to tell the two apart).
 
   An exception in `fun` rolls the transaction back and is raised again, as
   `repo.transaction/2` does; a fence the repo cannot run raises
@@ -376,9 +377,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
   A lock whose age is unknown is listed first, with `since: nil`, `age_s:
   nil` and `stale: true`: one with no `busy_since`, and one whose
   `busy_since` a `DateTime` cannot hold (`infinity`, `-infinity`, a year
-  past 9999), which a host's own writes may leave. Such a row is stuck
-  rather than takeable (a lock dated `infinity` is never taken over):
-  `release/3` under its ref frees it. No row makes this raise.
+  past 9999), which a host's own writes may leave. There `stale: true`
+  asks for a look rather than promising a take-over: a lock with no
+  `busy_since` or dated `-infinity` is taken over by the next `acquire/4`,
+  one dated `infinity` or past 9999 never is (`release/3` under its ref
+  frees it). No row makes this raise.
 
       Locks.held_locks(120)
       # => [%{kind: :chat, uuid: "6f1c…", ref: "turn-1", since: ~U[…], age_s: 3.2, stale: false}, …]

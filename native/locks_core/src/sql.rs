@@ -343,8 +343,8 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// `age` NULL and `stale` true, so that one bad row is listed, first, instead
 /// of failing the statement (`now() - 'infinity'` and an infinite epoch cast
 /// to `int8` raise) or its reading. Such a lock's age is unknown: `stale`
-/// then says it is stuck, not that a taker would take it (one dated
-/// `infinity` never is). The bound's zone (`+00`) is ignored against a
+/// then asks for a look, not that a taker would take it (one dated
+/// `-infinity` is taken, one dated `infinity` never is). The bound's zone (`+00`) is ignored against a
 /// `timestamp` column and read as UTC against a `timestamptz` one, so it
 /// is the same instant whatever the session's `TimeZone`.
 pub(crate) const HELD_LOCKS: Def = Def {
