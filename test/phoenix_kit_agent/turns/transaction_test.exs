@@ -17,6 +17,20 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
   alias PhoenixKitAgent.Turns.Locks.SandboxRepo
 
   @ttl 60
+
+  defmodule RefusingRepo do
+    @moduledoc false
+    # A repo in whose transaction PostgreSQL refuses every query, as under
+    # REPEATABLE READ when a take-over races the fence (Postgrex.Error's fields).
+    def transaction(fun, _opts), do: {:ok, fun.()}
+    def rollback(value), do: throw({__MODULE__, value})
+
+    def query(_sql, _params, _opts) do
+      message = "could not serialize access due to concurrent update"
+      {:error, %{postgres: %{pg_code: "40001", message: message, severity: "ERROR"}}}
+    end
+  end
+
   @messages "locks_test_messages"
 
   setup_all do
@@ -248,6 +262,19 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
 
       assert messages(chat) == []
       assert Locks.acquire(chat, user, "turn-2", @ttl) == :ok
+    end
+
+    test "a fence the repo's transaction cannot run raises Locks.Error with its SQLSTATE" do
+      ids = turn!()
+
+      error =
+        assert_raise Locks.Error, fn ->
+          Locks.transaction(__MODULE__.RefusingRepo, ids, fn -> flunk("fun ran") end)
+        end
+
+      assert {error.reason, error.sqlstate, error.message} ==
+               {:statement, "40001",
+                "statement failed: 40001: could not serialize access due to concurrent update"}
     end
 
     test "a turn that is neither with_turn/4's nor a tuple of ids is an ArgumentError" do
