@@ -156,6 +156,26 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
     |> Enum.map_join(";\n", & &1)
   end
 
+  @doc """
+  Makes schema `schema` anew with both tables as small as the lock calls
+  take them: a key, `busy_since` of type `busy_since`, `busy_turn_ref`, and
+  `user_columns` (SQL, after a comma) on the settings table.
+  """
+  def bare_tables!(schema, busy_since, user_columns \\ nil) do
+    query!(
+      """
+      DROP SCHEMA IF EXISTS #{schema} CASCADE;
+      CREATE SCHEMA #{schema};
+      CREATE TABLE #{schema}.phoenix_kit_agent_conversations (
+      uuid uuid PRIMARY KEY, busy_since #{busy_since}, busy_turn_ref text);
+      CREATE TABLE #{schema}.phoenix_kit_agent_user_settings (
+      user_uuid uuid PRIMARY KEY, busy_since #{busy_since}, busy_turn_ref text
+      #{if user_columns, do: ", " <> user_columns});
+      """,
+      url()
+    )
+  end
+
   @doc "Inserts one new chat (on `where`) and returns its uuid."
   def insert_chat!(where \\ Session.shared()), do: hd(insert_chats!(1, where))
 

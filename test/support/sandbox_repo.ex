@@ -23,6 +23,12 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
   # back alone and the test's transaction goes on. Values must not hold a
   # tab or a newline (psql's
   # output is read line by line): no lock statement returns one here.
+  #
+  # As Ecto's `transaction/2` and `rollback/1` (Locks.transaction/4): inside
+  # the sandbox (the caller has a connection) a transaction is a savepoint of
+  # the test's transaction, as the sandbox makes it; outside it, a
+  # transaction (BEGIN … COMMIT) on a connection of its own, the caller's for
+  # its length, as a pooled repo checks one out: a host in production.
 
   alias PhoenixKitAgent.Turns.Locks.TestDB
 
@@ -72,6 +78,56 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
       session ->
         run(session, sql, params)
     end
+  end
+
+  @doc """
+  Runs `fun` in a transaction: `{:ok, value}`; `{:error, value}` after
+  `rollback(value)`; an exception (or a throw, an exit) rolls back and is
+  raised again.
+  """
+  def transaction(fun, _opts \\ []) when is_function(fun, 0) do
+    case connection([self() | Process.get(:"$callers", [])]) do
+      nil ->
+        session = TestDB.session!()
+        [] = TestDB.query!("\\set VERBOSITY verbose\nBEGIN", session)
+        owner = self()
+        Agent.update(owners(), &Map.put(&1, owner, session))
+
+        try do
+          in_transaction(fun, session, "COMMIT", "ROLLBACK")
+        after
+          Agent.update(owners(), &Map.delete(&1, owner))
+          TestDB.close(session)
+        end
+
+      session ->
+        name = "sandbox_repo_tx_#{System.unique_integer([:positive])}"
+        [] = TestDB.query!("SAVEPOINT #{name}", session)
+
+        in_transaction(
+          fun,
+          session,
+          "RELEASE SAVEPOINT #{name}",
+          "ROLLBACK TO SAVEPOINT #{name};\nRELEASE SAVEPOINT #{name}"
+        )
+    end
+  end
+
+  @doc "Ends the transaction it is called in: `transaction/2` answers `{:error, value}`."
+  def rollback(value), do: throw({__MODULE__, :rollback, value})
+
+  defp in_transaction(fun, session, commit, undo) do
+    value = fun.()
+    [] = TestDB.query!(commit, session)
+    {:ok, value}
+  catch
+    :throw, {__MODULE__, :rollback, value} ->
+      [] = TestDB.query!(undo, session)
+      {:error, value}
+
+    kind, reason ->
+      [] = TestDB.query!(undo, session)
+      :erlang.raise(kind, reason, __STACKTRACE__)
   end
 
   defp connection(callers) do

@@ -4,7 +4,9 @@ defmodule Mix.Tasks.Locks.Held do
   Prints every lock taken in the configured database, the oldest first, as
   `PhoenixKitAgent.Turns.Locks.held_locks/1` lists them: what is stuck, and
   since when. `--ttl` (seconds, default 120): older locks are shown as stale
-  (they may be taken over).
+  (they may be taken over). A lock whose `busy_since` is missing or cannot
+  be shown (`infinity`, a year past 9999) is listed first, its age
+  `unknown`, as stale.
 
       mix locks.held            # stale: older than 120 s
       mix locks.held --ttl 900  # the TTL your turns use
@@ -51,7 +53,7 @@ defmodule Mix.Tasks.Locks.Held do
           lock.uuid,
           lock.ref,
           if(lock.since, do: DateTime.to_iso8601(lock.since), else: "-"),
-          if(lock.age_s, do: "#{Float.round(lock.age_s, 1)} s", else: "-"),
+          if(lock.age_s, do: "#{Float.round(lock.age_s, 1)} s", else: "unknown"),
           if(lock.stale, do: "stale", else: "")
         ]
       end

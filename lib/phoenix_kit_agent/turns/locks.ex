@@ -224,6 +224,21 @@ defmodule PhoenixKitAgent.Turns.Locks do
       confirmed in time) answers this too;
     * `{:error, reason}`: `acquire/4`'s refusal, without running `fun`.
 
+  A turn's writes go through `transaction/4`, which commits them only while
+  the turn still holds its chat, even after a pause that `lost?/1` could not
+  see coming. Run each round's model call outside it, then write the round's
+  messages inside it, so the transaction stays short:
+
+      Locks.with_turn(chat, user, [ttl_s: 600, lease_s: 15], fn turn ->
+        Enum.reduce_while(rounds, [], fn round, done ->
+          reply = call_model(round)
+          case Locks.transaction(Repo, turn, fn -> insert_messages!(round, reply) end) do
+            {:ok, _} -> {:cont, [reply | done]}
+            {:error, :lost} -> {:halt, done}
+          end
+        end)
+      end)
+
   It raises `PhoenixKitAgent.Turns.Locks.Error` as `acquire/4` does when the
   locks cannot be taken, and with reason `:not_started` when the application
   is not running or stops while the locks are being taken (whatever was
@@ -265,6 +280,84 @@ defmodule PhoenixKitAgent.Turns.Locks do
         when result: term()
   defdelegate with_turn(conversation_uuid, user_uuid, opts, fun), to: Turn, as: :run
 
+  @typedoc "A turn, as `transaction/4` takes it: `with_turn/4`'s, or its ids and ref."
+  @type turn :: Turn.t() | {String.t(), String.t(), String.t()}
+
+  @doc """
+  Runs `fun` in a transaction of the host's Ecto `repo` (`repo.transaction/2`
+  with `opts`) that commits only while `turn` holds both its locks: a fenced
+  transaction. `turn` is `with_turn/4`'s turn, or `{conversation_uuid,
+  user_uuid, turn_ref}`. `fun` takes no argument, or the repo, as in Ecto.
+  `repo` must reach the database of the lock rows (the repo the library
+  takes its connection from does); the fence names the tables as the lock
+  calls do, under the `prefix` setting.
+
+  Its first statement, before `fun` runs, takes the chat's and the user's
+  lock rows `FOR SHARE`, each only where `busy_turn_ref` is the turn's (the
+  rule of `held?/3`). Answers:
+
+    * `{:ok, value}`: the turn held both locks and `fun` returned `value`;
+      its writes are committed;
+    * `{:error, :lost}`: the turn no longer held both, `fun` did not run and
+      nothing was written;
+    * `{:error, value}`: `fun` called `repo.rollback(value)`, as in Ecto
+      (roll back with another value than `:lost`, to tell the two apart).
+
+  An exception in `fun` rolls the transaction back and is raised again, as
+  `repo.transaction/2` does; a fence the repo cannot run raises
+  `PhoenixKitAgent.Turns.Locks.Error` (`:statement` with its `:sqlstate`, as
+  a lock call's). Under `testing: :sandbox` it runs the same way inside the
+  test's transaction.
+
+  **The guarantee.** No write of `fun` commits after another turn (or a
+  click, `release/3` or `release_stale/4`) took either lock: a take-over
+  committed before the fence makes it answer `{:error, :lost}`; one sent
+  while the transaction is open waits for it to end. A turn paused anywhere
+  (a long garbage collection, a stalled VM) before its write cannot write
+  into a chat that another turn took over meanwhile, whether or not it asked
+  `lost?/1` first. No clock is read: a lease that ran out but that nobody
+  took over still holds. Under REPEATABLE READ or SERIALIZABLE, a take-over
+  racing the fence makes it fail with a serialization failure (`40001`)
+  instead of answering `{:error, :lost}`.
+
+  **The cost.** While the transaction is open, every take-over of the two
+  rows waits for it, and so does the turn's own renewal (`keep/5`, which
+  `with_turn/4` sends every `lease_s / 3`). Keep such transactions short, far
+  shorter than the lease: write in them, and make model calls and other slow
+  work outside. Do not call the lock functions inside `fun` for the same
+  turn: they run on other connections, and the ones that write wait for it.
+
+      {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
+      {:error, :lost} = Locks.transaction(Repo, {chat, user, "turn-1"}, fn -> … end)
+  """
+  @spec transaction(module(), turn(), (() -> result) | (module() -> result), keyword()) ::
+          {:ok, result} | {:error, :lost | term()}
+        when result: term()
+  def transaction(repo, turn, fun, opts \\ [])
+      when is_atom(repo) and (is_function(fun, 0) or is_function(fun, 1)) and is_list(opts) do
+    {conversation_uuid, user_uuid, turn_ref} = turn_ids!(turn)
+    params = turn!(conversation_uuid, user_uuid, turn_ref)
+    # The fence's text, for the tables the lock calls use (native sql.rs, FENCE).
+    sql = if Sandbox.repo(), do: Native.repo_fence_sql(), else: Native.fence_sql()
+
+    repo.transaction(
+      fn ->
+        case repo.query(sql, params, []) do
+          {:ok, %{rows: [[true]]}} -> if is_function(fun, 0), do: fun.(), else: fun.(repo)
+          {:ok, %{rows: [[false]]}} -> repo.rollback(:lost)
+          {:error, error} -> raise Sandbox.error(error)
+        end
+      end,
+      opts
+    )
+  end
+
+  defp turn_ids!(%Turn{conversation_uuid: chat, user_uuid: user, ref: ref}), do: {chat, user, ref}
+  defp turn_ids!({_chat, _user, _ref} = ids), do: ids
+
+  defp turn_ids!(turn),
+    do: bad!(:turn, "with_turn/4's turn or {conversation_uuid, user_uuid, turn_ref}", turn)
+
   @doc """
   Whether a turn of `with_turn/4` lost its lease: its local deadline passed
   with no renewal confirmed, a renewal answered `false`, or its keeper
@@ -280,6 +373,15 @@ defmodule PhoenixKitAgent.Turns.Locks do
   `:ref` (the holder), `:since` (a UTC `DateTime`), `:age_s` (seconds, by
   the database's clock) and `:stale` (whether it may be taken over under
   `ttl_s`). `mix locks.held` prints it as a table.
+
+  A lock whose age is unknown is listed first, with `since: nil`, `age_s:
+  nil` and `stale: true`: one with no `busy_since`, and one whose
+  `busy_since` a `DateTime` cannot hold (`infinity`, `-infinity`, a year
+  past 9999), which a host's own writes may leave. There `stale: true`
+  asks for a look rather than promising a take-over: a lock with no
+  `busy_since` or dated `-infinity` is taken over by the next `acquire/4`,
+  one dated `infinity` or past 9999 never is (`release/3` under its ref
+  frees it). No row makes this raise.
 
       Locks.held_locks(120)
       # => [%{kind: :chat, uuid: "6f1c…", ref: "turn-1", since: ~U[…], age_s: 3.2, stale: false}, …]
@@ -297,6 +399,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   def held_locks(ttl_s) do
     run(:held_locks, stamp(), binding(), [ttl!(ttl_s)], fn held ->
       for {kind, uuid, ref, since, age, stale} <- held do
+        # Within DateTime's range: the statement gives none other (sql.rs HELD_LOCKS).
         since = since && DateTime.from_unix!(since, :microsecond)
         %{kind: kind, uuid: uuid, ref: ref, since: since, age_s: age, stale: stale}
       end

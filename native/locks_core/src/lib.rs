@@ -36,3 +36,4 @@ pub use outcome::{Acquire, AcquireUser, HeldLock};
 pub use pool::{Deadline, LockPool};
 pub use row::Value;
 pub use settings::{Location, Prepare, Settings, SslMode};
+pub use sql::fence;

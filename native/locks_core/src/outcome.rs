@@ -46,9 +46,11 @@ pub struct HeldLock {
     pub id: String,
     /// The ref that holds it.
     pub holder: String,
-    /// When it was taken or last re-dated: microseconds since the Unix epoch.
+    /// When it was taken or last re-dated: microseconds since the Unix
+    /// epoch; `None` when unknown (no `busy_since`, or one outside years
+    /// -4713 to 9999: `infinity`, the year 12000).
     pub since_us: Option<i64>,
-    /// How old it is, in seconds by the database's clock.
+    /// How old it is, in seconds by the database's clock; `None` when unknown.
     pub age_s: Option<f64>,
     /// Whether it may be taken over under the TTL asked about.
     pub stale: bool,

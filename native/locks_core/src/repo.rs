@@ -66,6 +66,11 @@ impl Repo {
         Repo { prefix, statements: OnceCell::new() }
     }
 
+    /// The schema of the tables, as given to [`Repo::new`].
+    pub fn prefix(&self) -> Option<&str> {
+        self.prefix.as_deref()
+    }
+
     /// What to run for `job`: the tables' columns while they have not been
     /// read, then the job's statement.
     pub fn step(&self, job: &Job) -> Result<Step> {

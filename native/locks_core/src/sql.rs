@@ -39,7 +39,7 @@
 
 use tokio_postgres::types::Type;
 
-use crate::schema::Tables;
+use crate::schema::{table_names, Tables};
 
 /// A statement: its name (the Elixir function that runs it, and the key of
 /// its prepared statement), its text with placeholders, its parameters' types.
@@ -168,6 +168,51 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
     params: &[Type::UUID, Type::UUID, Type::TEXT],
 };
 
+/// The fence of `Locks.transaction/4`: the first statement of a transaction
+/// of the host's repo, which commits the caller's writes only while the turn
+/// `$3` holds both locks. Not run by the pool: its text goes to the host
+/// ([`fence`]), which runs it with its own transaction.
+///
+/// `$1` chat uuid, `$2` user uuid, `$3` turn ref. `chat` then `usr` take the
+/// two rows `FOR SHARE`, each only where `busy_turn_ref` is `$3` (the rule
+/// of [`HELD`]), the chat row first, as every statement orders them. A row
+/// lock `FOR SHARE` conflicts with `FOR UPDATE` and with the row lock of an
+/// `UPDATE` (`FOR KEY SHARE` would not: an `UPDATE` of non-key columns takes
+/// only `FOR NO KEY UPDATE`), so until the transaction ends every take-over
+/// ([`ACQUIRE`]'s `FOR UPDATE` and upsert, [`ACQUIRE_USER`], [`RELEASE`],
+/// [`RELEASE_STALE`], and the turn's own [`KEEP`]) waits for it. A
+/// take-over that is under way or committed first is seen: under READ
+/// COMMITTED the fence waits for the writer and re-checks `$3` on the
+/// row's newest version (no row, the turn lost it); under REPEATABLE READ or
+/// SERIALIZABLE it fails with 40001 instead, and the transaction with it. So
+/// no write of the transaction commits after another holder took either
+/// lock. No time is compared: a lease that ran out but was not taken over
+/// still holds. Returns one row: `held`, whether it holds both (then both
+/// rows are locked until the transaction ends).
+pub(crate) const FENCE: Def = Def {
+    name: "transaction",
+    text: "
+WITH chat AS (
+  SELECT 1 FROM {chats} c WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
+  FOR SHARE
+),
+usr AS (
+  SELECT 1 FROM {users} u WHERE u.user_uuid = $2::uuid AND u.busy_turn_ref = $3::text
+    AND EXISTS (SELECT 1 FROM chat)
+  FOR SHARE
+)
+SELECT EXISTS (SELECT 1 FROM usr) AS held",
+    params: &[Type::UUID, Type::UUID, Type::TEXT],
+};
+
+/// [`FENCE`]'s text for the tables under `prefix` (quoted, as every
+/// statement names them). It needs only their names, so it is known before
+/// the tables are read, in either mode.
+pub fn fence(prefix: Option<&str>) -> String {
+    let (chats, users) = table_names(prefix);
+    FENCE.text.replace("{chats}", &chats).replace("{users}", &users)
+}
+
 /// Re-dates a click's lock as if taken now, only while `$2` still holds it.
 ///
 /// `$1` user uuid, `$2` click ref, `$3` TTL, `$4` hold. Returns a row when
@@ -286,25 +331,41 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// whose `busy_turn_ref` names a holder, the oldest first, at most 1000 (a
 /// listing for a person, not an export).
 ///
-/// `$1` the TTL to judge staleness by: `stale` is exactly the take-over
-/// predicate (`busy_since < now() - ttl`, or no `busy_since`). `since` is
-/// microseconds since the Unix epoch (a naive `busy_since` holds UTC); `age`
-/// is seconds by the database's clock. A read: it changes nothing.
+/// `$1` the TTL to judge staleness by: `stale` is the take-over predicate
+/// (`busy_since < now() - ttl`, or no `busy_since`). `since` is microseconds
+/// since the Unix epoch (a naive `busy_since` holds UTC); `age` is seconds
+/// by the database's clock. A read: it changes nothing.
+///
+/// A row's `busy_since` is shown (`at`) only when a caller can represent
+/// it: finite and before the year 10000 (Elixir's `DateTime` ends with
+/// 9999; PostgreSQL's begins after Elixir's does). Any other (`infinity`,
+/// `-infinity`, the year 12000) is read as no `busy_since`: `since` and
+/// `age` NULL and `stale` true, so that one bad row is listed, first, instead
+/// of failing the statement (`now() - 'infinity'` and an infinite epoch cast
+/// to `int8` raise) or its reading. Such a lock's age is unknown: `stale`
+/// then asks for a look, not that a taker would take it (one dated
+/// `-infinity` is taken, one dated `infinity` never is). The bound's zone (`+00`) is ignored against a
+/// `timestamp` column and read as UTC against a `timestamptz` one, so it
+/// is the same instant whatever the session's `TimeZone`.
 pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
     text: "
 SELECT * FROM (
   SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
-         (extract(epoch FROM busy_since) * 1000000)::int8 AS since,
-         extract(epoch FROM {chat_now} - busy_since)::float8 AS age,
-         coalesce(busy_since < {chat_now} - $1::int4 * interval '1 second', true) AS stale
-  FROM {chats} WHERE busy_turn_ref IS NOT NULL
+         (extract(epoch FROM s.at) * 1000000)::int8 AS since,
+         extract(epoch FROM {chat_now} - s.at)::float8 AS age,
+         coalesce(s.at < {chat_now} - $1::int4 * interval '1 second', true) AS stale
+  FROM {chats}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS at) s
+  WHERE busy_turn_ref IS NOT NULL
   UNION ALL
   SELECT 'user', user_uuid::text, busy_turn_ref::text,
-         (extract(epoch FROM busy_since) * 1000000)::int8,
-         extract(epoch FROM {user_now} - busy_since)::float8,
-         coalesce(busy_since < {user_now} - $1::int4 * interval '1 second', true)
-  FROM {users} WHERE busy_turn_ref IS NOT NULL
+         (extract(epoch FROM s.at) * 1000000)::int8,
+         extract(epoch FROM {user_now} - s.at)::float8,
+         coalesce(s.at < {user_now} - $1::int4 * interval '1 second', true)
+  FROM {users}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS at) s
+  WHERE busy_turn_ref IS NOT NULL
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
 LIMIT 1000",
@@ -495,5 +556,18 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), LOCKS.len());
+    }
+
+    #[test]
+    fn the_fence_names_the_tables_as_the_lock_statements_do() {
+        for prefix in [None, Some("phoenix_kit")] {
+            let tables = Tables::from_catalog(prefix, &shipped()).expect("shipped tables");
+            let text = fence(prefix);
+            assert_eq!(text, FENCE.fill(&tables).text);
+            assert!(!text.contains('{'), "{text}");
+        }
+        let used = (1..=9).filter(|n| FENCE.text.contains(&format!("${n}"))).count();
+        assert_eq!(used, FENCE.params.len());
+        assert_eq!(FENCE.text.matches("FOR SHARE").count(), 2);
     }
 }

@@ -107,6 +107,14 @@ fn setup(kind: Atom) -> NifResult<Atom> {
     Ok(atoms::ok())
 }
 
+/// The fence of `Locks.transaction/4` for the pool's tables
+/// (`locks_core::fence`); the host's repo runs it, not the pool.
+#[rustler::nif]
+fn fence_sql() -> NifResult<String> {
+    let pool = global::current().map_err(raise)?;
+    Ok(locks_core::fence(pool.settings().prefix.as_deref()))
+}
+
 #[rustler::nif]
 fn loaded() -> bool {
     true

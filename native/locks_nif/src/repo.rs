@@ -31,6 +31,13 @@ fn repo_start(prefix: Option<String>) -> Atom {
     atoms::ok()
 }
 
+/// The fence of `Locks.transaction/4` for the repo mode's tables
+/// (`locks_core::fence`).
+#[rustler::nif]
+fn repo_fence_sql() -> NifResult<String> {
+    Ok(locks_core::fence(current()?.prefix()))
+}
+
 /// `{:columns, sql, params}` (run it, give its rows to `repo_columns/1`, ask
 /// again) or `{:run, sql, params}` (run it, give its rows to `repo_answer/3`).
 #[rustler::nif]

@@ -5,7 +5,7 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
   # module of its own, and DATABASE_URL is only read.
   use ExUnit.Case, async: true
 
-  alias PhoenixKitAgent.Turns.Locks.{Config, Error, FakeRepo}
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, FakeRepo, SandboxRepo}
 
   # DATABASE_URL is set for the whole test run (test_helper.exs).
   defp database_url, do: System.fetch_env!("DATABASE_URL")
@@ -215,6 +215,69 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
                  database: "app",
                  sslmode: :disable
                )
+    end
+  end
+
+  describe "PhoenixKit's repo (config :phoenix_kit, repo:)" do
+    # Config.read/2's second argument is PhoenixKit's configuration, as
+    # `config :phoenix_kit, repo: MyApp.Repo` makes it.
+    defp kit_repo, do: FakeRepo.new(hostname: "kitdb", username: "kit", database: "kit_app")
+
+    test "with no repo:, url: or server of the library's own, is taken, before DATABASE_URL" do
+      assert Config.read([], repo: kit_repo()) ==
+               {:ok,
+                defaults(
+                  hostname: "kitdb",
+                  username: "kit",
+                  database: "kit_app",
+                  sslmode: :disable
+                )}
+
+      assert Config.read([password: "pw", pool_size: 2], repo: kit_repo()) ==
+               {:ok,
+                defaults(
+                  hostname: "kitdb",
+                  username: "kit",
+                  password: "pw",
+                  database: "kit_app",
+                  sslmode: :disable,
+                  pool_size: 2
+                )}
+    end
+
+    test "the library's own repo:, url: or server wins, and PhoenixKit's is not read" do
+      own = FakeRepo.new(hostname: "own", username: "u", database: "d")
+
+      for env <- [
+            [repo: own],
+            [url: "postgres://u@other/d"],
+            [hostname: "h", username: "u", database: "d"],
+            [socket_dir: "/run/postgresql", username: "u", database: "d"]
+          ] do
+        assert Config.read(env, repo: "not even a module") == Config.read(env, [])
+      end
+    end
+
+    test "is the repo of testing: :sandbox when the library names none" do
+      assert Config.testing([testing: :sandbox], repo: SandboxRepo) ==
+               {:sandbox, SandboxRepo, nil}
+
+      # The library's own repo: wins: here one without query/3, refused.
+      error =
+        assert_raise Error, fn ->
+          Config.testing([testing: :sandbox, repo: FakeRepo], repo: SandboxRepo)
+        end
+
+      assert error.message =~ "repo: PhoenixKitAgent.Turns.Locks.FakeRepo has no query/3"
+    end
+
+    test "one that is not a module is refused, naming where it came from" do
+      error = assert_raise Error, fn -> Config.read([], repo: "MyApp.Repo") end
+
+      assert {error.reason, error.message} ==
+               {:config,
+                "invalid configuration: repo (config :phoenix_kit): must be a module, " <>
+                  "e.g. MyApp.Repo, got: \"MyApp.Repo\""}
     end
   end
 
@@ -430,5 +493,35 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
       refute shown =~ @password
       assert shown =~ ~s(username: "locks")
     end
+  end
+end
+
+defmodule PhoenixKitAgent.Turns.ConfigTest.PhoenixKitHost do
+  # A PhoenixKit host: `config :phoenix_kit, repo:` set, nothing under
+  # :phoenix_kit_agent_locks. The application starts on that repo's settings
+  # and the lock calls work. `async: false`: it sets PhoenixKit's
+  # configuration and restarts the application, which every test shares.
+  use ExUnit.Case, async: false
+
+  alias PhoenixKitAgent.Turns.Locks
+  alias PhoenixKitAgent.Turns.Locks.{AppEnv, Config, FakeRepo, TestDB}
+
+  test "with only PhoenixKit's repo configured, the lock calls run on its database" do
+    AppEnv.restore_on_exit()
+    on_exit(fn -> Application.delete_env(:phoenix_kit, :repo) end)
+    # The tests' database, through the repo's settings: its prepare: shows
+    # they were taken (DATABASE_URL names the same server, but not that).
+    repo = FakeRepo.new(url: TestDB.url(), prepare: :unnamed)
+    Application.put_env(:phoenix_kit, :repo, repo)
+    :ok = AppEnv.restart([])
+
+    {:ok, config} = Config.read()
+    assert {config.hostname, config.prepare} == {repo.config()[:hostname], :unnamed}
+
+    chat = TestDB.insert_chat!()
+    user = TestDB.uuid()
+    assert Locks.acquire(chat, user, "turn-kit", 60) == :ok
+    assert Locks.held?(chat, user, "turn-kit") == true
+    assert Locks.release(chat, user, "turn-kit") == :ok
   end
 end

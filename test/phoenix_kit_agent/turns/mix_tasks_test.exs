@@ -46,7 +46,8 @@ defmodule PhoenixKitAgent.Turns.MixTasksTest do
   test "nothing configured: says what to set", %{dir: dir} do
     for task <- ["locks.setup", "locks.held"] do
       assert mix(dir, [task], nil) ==
-               {"** (Mix) mix #{task}: no database configured: set `config :phoenix_kit_agent_locks, " <>
+               {"** (Mix) mix #{task}: no database configured: set `config :phoenix_kit, " <>
+                  "repo: MyApp.Repo` (PhoenixKit's) or `config :phoenix_kit_agent_locks, " <>
                   "repo: MyApp.Repo` (or `url: \"postgres://user:password@host/database\"`) in " <>
                   "config/config.exs, or the DATABASE_URL environment variable\n", 1}
     end
@@ -83,6 +84,25 @@ defmodule PhoenixKitAgent.Turns.MixTasksTest do
     assert mix(dir, ["locks.setup"], "postgres://locks@127.0.0.1:x/locks") ==
              {"** (Mix) mix locks.setup: invalid configuration: url: has a port that is not a number\n",
               1}
+  end
+
+  test "locks.held lists a lock dated 'infinity' with an unknown age, stale, and exits 0",
+       %{dir: dir} do
+    chat = TestDB.uuid()
+    ref = "bad-row-#{System.unique_integer([:positive])}"
+
+    on_exit(fn ->
+      TestDB.query!("DELETE FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'")
+    end)
+
+    TestDB.query!(
+      TestDB.insert_chats_sql([chat]) <>
+        ";\nUPDATE phoenix_kit_agent_conversations SET busy_since = 'infinity', " <>
+        "busy_turn_ref = '#{ref}' WHERE uuid = '#{chat}'"
+    )
+
+    assert {out, 0} = mix(dir, ["locks.held"], TestDB.url())
+    assert out =~ ~r/^chat\s+#{chat}\s+#{ref}\s+-\s+unknown\s+stale\s*$/m
   end
 
   test "configured: setup applies the DDL", %{dir: dir} do

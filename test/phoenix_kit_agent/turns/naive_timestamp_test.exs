@@ -24,17 +24,10 @@ for {suffix, column, whole_seconds?} <- [
     @ttl 60
 
     setup_all do
-      TestDB.query!(
-        """
-        DROP SCHEMA IF EXISTS #{@schema} CASCADE;
-        CREATE SCHEMA #{@schema};
-        CREATE TABLE #{@schema}.phoenix_kit_agent_conversations (
-        uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text);
-        CREATE TABLE #{@schema}.phoenix_kit_agent_user_settings (
-        user_uuid uuid PRIMARY KEY, busy_since #{@column}, busy_turn_ref text,
-        updated_at #{@column} NOT NULL DEFAULT (now() AT TIME ZONE 'UTC'));
-        """,
-        TestDB.url()
+      TestDB.bare_tables!(
+        @schema,
+        @column,
+        "updated_at #{@column} NOT NULL DEFAULT (now() AT TIME ZONE 'UTC')"
       )
 
       TestDB.query!("""

@@ -143,6 +143,37 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
     assert lock_in(session, :user, user) == [[nil]]
   end
 
+  test "transaction/4 writes in the test's transaction while the turn holds its chat, not after",
+       %{session: session} do
+    {chat, user} = insert_rows!(session)
+    TestDB.query!("CREATE TABLE sandbox_test_messages (turn text NOT NULL)", session)
+
+    write = fn text ->
+      fn repo ->
+        {:ok, _} = repo.query("INSERT INTO sandbox_test_messages VALUES ($1::text)", [text], [])
+        text
+      end
+    end
+
+    turn = {chat, user, "turn-1"}
+    assert Locks.acquire(chat, user, "turn-1", 60) == :ok
+    assert Locks.transaction(SandboxRepo, turn, write.("first")) == {:ok, "first"}
+
+    assert Locks.transaction(SandboxRepo, turn, fn repo ->
+             write.("rolled back").(repo)
+             SandboxRepo.rollback(:no)
+           end) == {:error, :no}
+
+    # Its lease runs out (backdated) and another turn takes the chat over.
+    :ok = TestDB.backdate!([chat: chat, user: user], 120, session)
+    assert Locks.acquire(chat, user, "turn-2", 60) == :ok
+    assert Locks.transaction(SandboxRepo, turn, write.("late")) == {:error, :lost}
+    assert TestDB.query!("SELECT turn FROM sandbox_test_messages", session) == [["first"]]
+
+    SandboxRepo.checkin()
+    assert rows_outside(chat, user) == "0"
+  end
+
   test "a process that is not allowed on a sandbox connection gets a :connect error" do
     parent = self()
 
@@ -228,7 +259,8 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
     test "refuses anything else, naming the fix" do
       for {env, message} <- [
             {[testing: :inline], "testing: must be :sandbox or :disabled, got: :inline"},
-            {[testing: :sandbox], "testing: :sandbox needs repo: the host's Ecto repo"},
+            {[testing: :sandbox],
+             "testing: :sandbox needs repo: the host's Ecto repo (or PhoenixKit's)"},
             {[testing: :sandbox, repo: FakeRepo],
              "repo: PhoenixKitAgent.Turns.Locks.FakeRepo has no query/3 (an Ecto SQL repo), " <>
                "which testing: :sandbox runs"}

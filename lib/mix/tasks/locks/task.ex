@@ -29,7 +29,8 @@ defmodule Mix.Tasks.Locks.Task do
   defp configured!(task) do
     if Config.read() == :unconfigured do
       Mix.raise(
-        "#{task}: no database configured: set `config #{inspect(@app)}, repo: MyApp.Repo` " <>
+        "#{task}: no database configured: set `config :phoenix_kit, repo: MyApp.Repo` " <>
+          "(PhoenixKit's) or `config #{inspect(@app)}, repo: MyApp.Repo` " <>
           "(or `url: \"postgres://user:password@host/database\"`) in config/config.exs, " <>
           "or the DATABASE_URL environment variable"
       )

@@ -30,8 +30,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
       :unconfigured ->
         Logger.warning(
-          "phoenix_kit_agent_locks: no database configured (config :phoenix_kit_agent_locks, " <>
-            "repo: … or url: …) and DATABASE_URL is unset; lock calls will raise until the " <>
+          "phoenix_kit_agent_locks: no database configured (config :phoenix_kit, repo: …, or " <>
+            "config :phoenix_kit_agent_locks, repo: … or url: …) and DATABASE_URL is unset; " <>
+            "lock calls will raise until the " <>
             "application is restarted with one"
         )
     end

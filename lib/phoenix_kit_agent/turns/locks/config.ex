@@ -36,11 +36,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   @type t :: %__MODULE__{}
 
-  @doc "`{:ok, config}`, or `:unconfigured` when no source names a server."
-  @spec read(keyword()) :: {:ok, t()} | :unconfigured
-  def read(env \\ Application.get_all_env(@app)) do
+  @doc """
+  `{:ok, config}`, or `:unconfigured` when no source names a server.
+  `phoenix_kit` is PhoenixKit's configuration (`config :phoenix_kit, …`).
+  """
+  @spec read(keyword(), keyword()) :: {:ok, t()} | :unconfigured
+  def read(env \\ Application.get_all_env(@app), phoenix_kit \\ phoenix_kit_env()) do
     own = own_settings!(env)
-    repo = if own[:repo], do: repo_settings!(own[:repo]), else: []
+    repo = if module = repo(own, phoenix_kit), do: repo_settings!(module), else: []
 
     base = if own[:url], do: parse_url!(own[:url], "url"), else: repo
     connection = over(Keyword.take(own, @connection), base)
@@ -59,8 +62,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   through `repo`'s `query/3`, on no connection of the library's own), else
   `:disabled`. Checks every setting, as `read/1` does.
   """
-  @spec testing(keyword()) :: {:sandbox, module(), String.t() | nil} | :disabled
-  def testing(env \\ Application.get_all_env(@app)) do
+  @spec testing(keyword(), keyword()) :: {:sandbox, module(), String.t() | nil} | :disabled
+  def testing(env \\ Application.get_all_env(@app), phoenix_kit \\ phoenix_kit_env()) do
     own = own_settings!(env)
 
     case Keyword.get(own, :testing, :disabled) do
@@ -68,7 +71,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         :disabled
 
       :sandbox ->
-        repo = own[:repo] || bad!(:testing, ":sandbox needs repo: the host's Ecto repo")
+        repo =
+          repo(own, phoenix_kit) ||
+            bad!(:testing, ":sandbox needs repo: the host's Ecto repo (or PhoenixKit's)")
+
         name = inspect(repo)
 
         unless Code.ensure_loaded?(repo) and function_exported?(repo, :query, 3),
@@ -86,6 +92,30 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         {:sandbox, repo, prefix}
     end
   end
+
+  # The host's repo: the library's own `repo:`; else, when its configuration
+  # names no url: or server either, PhoenixKit's (`config :phoenix_kit,
+  # repo:`, which every PhoenixKit host has), so that such a host configures
+  # nothing here. It comes before DATABASE_URL, as a repo: of the library's does.
+  defp repo(own, phoenix_kit) do
+    cond do
+      own[:repo] ->
+        own[:repo]
+
+      Enum.any?([:url, :hostname, :socket_dir], &own[&1]) ->
+        nil
+
+      Keyword.keyword?(phoenix_kit) and phoenix_kit[:repo] ->
+        phoenix_kit_repo!(phoenix_kit[:repo])
+
+      true ->
+        nil
+    end
+  end
+
+  defp phoenix_kit_repo!(repo), do: check!(:repo, repo, "repo (config :phoenix_kit)")
+
+  defp phoenix_kit_env, do: Application.get_all_env(:phoenix_kit)
 
   @doc """
   The most lock calls that may run at once, and the pool size when none is

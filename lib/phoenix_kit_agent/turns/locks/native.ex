@@ -40,6 +40,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def click_prefix, do: :erlang.nif_error(not_loaded())
   def ddl(_kind, _prefix), do: :erlang.nif_error(not_loaded())
   def setup(_kind), do: :erlang.nif_error(not_loaded())
+  # Locks.transaction/4's fence, for the pool's tables and for the repo mode's.
+  def fence_sql, do: :erlang.nif_error(not_loaded())
+  def repo_fence_sql, do: :erlang.nif_error(not_loaded())
 
   # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
   # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).

@@ -68,6 +68,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
   @doc """
   The Locks.Error of a repo's error, by the fields of Postgrex's and
   DBConnection's exceptions (no dependency on them); any other exception as it is.
+  Also the error of `Locks.transaction/4`'s fence, which the repo runs in either mode.
   """
   # Told apart and worded as the pool's (locks_core/src/error.rs): a FATAL
   # error or a shutdown ended the session with the statement in flight; a
