@@ -29,7 +29,10 @@
 //!
 //! A lock is *free for ref `r`* when its ref is NULL, its `busy_since` is NULL
 //! or older than the TTL, or it is already `r`'s (taking a lock you hold again
-//! re-dates it; it never steals). `{chats}` and `{users}` stand for the two
+//! re-dates it; it never steals). That predicate, and the age comparison
+//! within it (`stale!`, the take-over predicate), are written once, as the
+//! macros below, and every statement is composed from them with `concat!`:
+//! each is still one `&'static str` constant. `{chats}` and `{users}` stand for the two
 //! table names, optionally schema-qualified; [`Statements::new`] fills every
 //! placeholder in once per pool.
 //!
@@ -48,6 +51,79 @@ pub(crate) struct Def {
     pub name: &'static str,
     pub text: &'static str,
     pub params: &'static [Type],
+}
+
+/// The take-over predicate, the one place where a lock's age is judged:
+/// `stale!` is true when the lock of row `$row` (`"c."`, `"u."` or `""`) is
+/// older than the TTL `$ttl` (an `int4` parameter) by the clock `$now`
+/// (`"{chat_now}"` or `"{user_now}"`), so another ref may take it over;
+/// `fresh!` is its exact negation for a lock that has a `busy_since` (`>=`
+/// against `<` on the same bound). Every statement that asks whether a lock
+/// may be taken over (`free!`, [`RELEASE_STALE`], [`HELD_LOCKS`]) or is still
+/// fresh ([`FRESH`], [`KEEP`]) is composed from them, so those answers can
+/// never disagree.
+macro_rules! age {
+    ($row:literal, $op:literal, $now:literal, $ttl:literal) => {
+        concat!($row, "busy_since ", $op, " ", $now, " - ", $ttl, "::int4 * interval '1 second'")
+    };
+}
+
+macro_rules! stale {
+    ($row:literal, $now:literal, $ttl:literal) => {
+        age!($row, "<", $now, $ttl)
+    };
+}
+
+macro_rules! fresh {
+    ($row:literal, $now:literal, $ttl:literal) => {
+        age!($row, ">=", $now, $ttl)
+    };
+}
+
+/// The lock of `$row` is *free for ref `$r`*: no holder, already `$r`'s
+/// (taking it again re-dates it), no `busy_since`, or `stale!`.
+macro_rules! free {
+    ($row:literal, $r:literal, $now:literal, $ttl:literal) => {
+        concat!(
+            "(",
+            $row,
+            "busy_turn_ref IS NULL OR ",
+            $row,
+            "busy_turn_ref = ",
+            $r,
+            " OR ",
+            $row,
+            "busy_since IS NULL\n    OR ",
+            stale!($row, $now, $ttl),
+            ")"
+        )
+    };
+}
+
+/// The `busy_since` of a lock taken or kept with a hold: `$now` dated back
+/// by `$ttl - $hold` seconds, so that a taker judging by the TTL `$ttl` may
+/// take it over `$hold` seconds from now (with `$hold = $ttl`, now).
+macro_rules! dated {
+    ($now:literal, $ttl:literal, $hold:literal) => {
+        concat!($now, " - (", $ttl, "::int4 - ", $hold, "::int4) * interval '1 second'")
+    };
+}
+
+/// The conflict arm of the user row's upsert, [`ACQUIRE`]'s and
+/// [`ACQUIRE_USER`]'s: the existing row's lock is taken (with the row's
+/// inserted values) when `free!` for `$r`, and otherwise written back
+/// unchanged, so that `RETURNING` names its current holder even when that
+/// holder's row is newer than the statement's snapshot.
+macro_rules! take_user {
+    ($r:literal, $ttl:literal) => {
+        concat!(
+            "ON CONFLICT (user_uuid) DO UPDATE SET\n  busy_since = CASE WHEN ",
+            free!("u.", $r, "{user_now}", $ttl),
+            "\n    THEN EXCLUDED.busy_since ELSE u.busy_since END,\n  busy_turn_ref = CASE WHEN ",
+            free!("u.", $r, "{user_now}", $ttl),
+            "\n    THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END"
+        )
+    };
 }
 
 /// Takes the chat's and the user's lock for a turn, or neither.
@@ -77,37 +153,36 @@ pub(crate) struct Def {
 /// chat was busy and the user row was never touched).
 pub(crate) const ACQUIRE: Def = Def {
     name: "acquire",
-    text: "
+    text: concat!(
+        "
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
-  WHERE c.uuid = $1::uuid
-    AND (c.busy_turn_ref IS NULL OR c.busy_turn_ref = $3::text OR c.busy_since IS NULL
-         OR c.busy_since < {chat_now} - $4::int4 * interval '1 second')
+  WHERE c.uuid = $1::uuid AND ",
+        free!("c.", "$3::text", "{chat_now}", "$4"),
+        "
   FOR UPDATE
 ),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-  SELECT $2::uuid, {user_now} - ($4::int4 - $5::int4) * interval '1 second',
-         $3::text{fill_values} FROM chat
-  ON CONFLICT (user_uuid) DO UPDATE SET
-    busy_since = CASE
-      WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
-           OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
-      THEN EXCLUDED.busy_since ELSE u.busy_since END,
-    busy_turn_ref = CASE
-      WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
-           OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
-      THEN $3::text ELSE u.busy_turn_ref END
+  SELECT $2::uuid, ",
+        dated!("{user_now}", "$4", "$5"),
+        ", $3::text{fill_values} FROM chat
+  ",
+        take_user!("$3::text", "$4"),
+        "
   RETURNING u.busy_turn_ref AS holder
 ),
 took AS (
   UPDATE {chats} c
-  SET busy_since = {chat_now} - ($4::int4 - $5::int4) * interval '1 second', busy_turn_ref = $3::text
+  SET busy_since = ",
+        dated!("{chat_now}", "$4", "$5"),
+        ", busy_turn_ref = $3::text
   WHERE c.uuid = (SELECT uuid FROM chat)
     AND (SELECT holder FROM usr) = $3::text
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder",
+SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder"
+    ),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -124,19 +199,17 @@ SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user
 /// Returns one row: the holder.
 pub(crate) const ACQUIRE_USER: Def = Def {
     name: "acquire_user",
-    text: "
+    text: concat!(
+        "
 INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-VALUES ($1::uuid, {user_now} - ($3::int4 - $4::int4) * interval '1 second', $2::text{fill_values})
-ON CONFLICT (user_uuid) DO UPDATE SET
-  busy_since = CASE
-    WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $2::text OR u.busy_since IS NULL
-         OR u.busy_since < {user_now} - $3::int4 * interval '1 second'
-    THEN EXCLUDED.busy_since ELSE u.busy_since END,
-  busy_turn_ref = CASE
-    WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $2::text OR u.busy_since IS NULL
-         OR u.busy_since < {user_now} - $3::int4 * interval '1 second'
-    THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END
-RETURNING u.busy_turn_ref AS holder",
+VALUES ($1::uuid, ",
+        dated!("{user_now}", "$3", "$4"),
+        ", $2::text{fill_values})
+",
+        take_user!("$2::text", "$3"),
+        "
+RETURNING u.busy_turn_ref AS holder"
+    ),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -147,12 +220,16 @@ RETURNING u.busy_turn_ref AS holder",
 /// be taken over, a lock that is not fresh can. Returns one row: the answer.
 pub(crate) const FRESH: Def = Def {
     name: "fresh?",
-    text: "
+    text: concat!(
+        "
 SELECT EXISTS (
   SELECT 1 FROM {chats}
   WHERE uuid = $1::uuid AND busy_turn_ref = $2::text
-    AND busy_since >= {chat_now} - $3::int4 * interval '1 second'
-)",
+    AND ",
+        fresh!("", "{chat_now}", "$3"),
+        "
+)"
+    ),
     params: &[Type::UUID, Type::TEXT, Type::INT4],
 };
 
@@ -174,10 +251,14 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 /// the click held it (`true`), none when it had been released or taken over.
 pub(crate) const KEEP_USER: Def = Def {
     name: "keep_user",
-    text: "
-UPDATE {users} SET busy_since = {user_now} - ($3::int4 - $4::int4) * interval '1 second'
+    text: concat!(
+        "
+UPDATE {users} SET busy_since = ",
+        dated!("{user_now}", "$3", "$4"),
+        "
 WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text
-RETURNING 1",
+RETURNING 1"
+    ),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -198,31 +279,41 @@ RETURNING 1",
 /// or neither. Returns one row: whether they were.
 pub(crate) const KEEP: Def = Def {
     name: "keep",
-    text: "
+    text: concat!(
+        "
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
-    AND c.busy_since >= {chat_now} - $4::int4 * interval '1 second'
+    AND ",
+        fresh!("c.", "{chat_now}", "$4"),
+        "
   FOR UPDATE
 ),
 usr AS (
   SELECT u.user_uuid FROM {users} u
   WHERE u.user_uuid = $2::uuid AND u.busy_turn_ref = $3::text
-    AND u.busy_since >= {user_now} - $4::int4 * interval '1 second'
+    AND ",
+        fresh!("u.", "{user_now}", "$4"),
+        "
     AND EXISTS (SELECT 1 FROM chat)
   FOR UPDATE
 ),
 kept_chat AS (
-  UPDATE {chats} SET busy_since = {chat_now} - ($4::int4 - $5::int4) * interval '1 second'
+  UPDATE {chats} SET busy_since = ",
+        dated!("{chat_now}", "$4", "$5"),
+        "
   WHERE uuid = (SELECT uuid FROM chat) AND EXISTS (SELECT 1 FROM usr)
   RETURNING 1
 ),
 kept_user AS (
-  UPDATE {users} SET busy_since = {user_now} - ($4::int4 - $5::int4) * interval '1 second'
+  UPDATE {users} SET busy_since = ",
+        dated!("{user_now}", "$4", "$5"),
+        "
   WHERE user_uuid = (SELECT user_uuid FROM usr) AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)",
+SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)"
+    ),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -256,11 +347,14 @@ WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
 /// and `$3` still holds it. Returns one row: `released`.
 pub(crate) const RELEASE_STALE: Def = Def {
     name: "release_stale",
-    text: "
+    text: concat!(
+        "
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
   WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
-    AND busy_since < {chat_now} - $4::int4 * interval '1 second'
+    AND ",
+        stale!("", "{chat_now}", "$4"),
+        "
   RETURNING 1
 ),
 usr AS (
@@ -269,7 +363,8 @@ usr AS (
     AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users",
+SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users"
+    ),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
 };
 
@@ -292,22 +387,28 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// is seconds by the database's clock. A read: it changes nothing.
 pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
-    text: "
+    text: concat!(
+        "
 SELECT * FROM (
   SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
          (extract(epoch FROM busy_since) * 1000000)::int8 AS since,
          extract(epoch FROM {chat_now} - busy_since)::float8 AS age,
-         coalesce(busy_since < {chat_now} - $1::int4 * interval '1 second', true) AS stale
+         coalesce(",
+        stale!("", "{chat_now}", "$1"),
+        ", true) AS stale
   FROM {chats} WHERE busy_turn_ref IS NOT NULL
   UNION ALL
   SELECT 'user', user_uuid::text, busy_turn_ref::text,
          (extract(epoch FROM busy_since) * 1000000)::int8,
          extract(epoch FROM {user_now} - busy_since)::float8,
-         coalesce(busy_since < {user_now} - $1::int4 * interval '1 second', true)
+         coalesce(",
+        stale!("", "{user_now}", "$1"),
+        ", true)
   FROM {users} WHERE busy_turn_ref IS NOT NULL
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
-LIMIT 1000",
+LIMIT 1000"
+    ),
     params: &[Type::INT4],
 };
 
