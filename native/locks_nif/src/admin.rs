@@ -4,7 +4,7 @@
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use locks_core::args::CLICK_REF_PREFIX;
+use locks_core::args::{CLICK_REF_PREFIX, MAX_REF_BYTES, MAX_TTL_S};
 use locks_core::{global, schema, Deadline, Error, Location, Prepare, Settings, SslMode};
 use rustler::{Atom, Decoder, Env, NifMap, NifResult, NifStruct, Term};
 
@@ -112,9 +112,19 @@ fn loaded() -> bool {
     true
 }
 
+/// The limits of the argument rules (`locks_core::args`), which the Elixir
+/// API checks before any call, to word its `ArgumentError`.
+#[derive(NifMap)]
+#[rustler(encode)]
+struct Rules {
+    click_prefix: &'static str,
+    max_ref_bytes: usize,
+    max_ttl_s: i32,
+}
+
 #[rustler::nif]
-fn click_prefix() -> &'static str {
-    CLICK_REF_PREFIX
+fn rules() -> Rules {
+    Rules { click_prefix: CLICK_REF_PREFIX, max_ref_bytes: MAX_REF_BYTES, max_ttl_s: MAX_TTL_S }
 }
 
 /// `status/0`'s `:pool`: the queue's slots and the pool's connections.

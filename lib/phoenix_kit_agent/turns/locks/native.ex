@@ -21,7 +21,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
     case loaded do
       # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
       :ok ->
-        :persistent_term.put({__MODULE__, :click_prefix}, click_prefix())
+        :persistent_term.put({__MODULE__, :rules}, rules())
         :persistent_term.put({__MODULE__, :full}, :atomics.new(1, []))
 
       {:error, {:upgrade, _}} ->
@@ -37,7 +37,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def start(_config), do: not_loaded()
   def stop, do: not_loaded()
   def loaded, do: false
-  def click_prefix, do: not_loaded()
+  def rules, do: not_loaded()
   def ddl(_kind, _prefix), do: not_loaded()
   def setup(_kind), do: not_loaded()
 
