@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use locks_core::{Answer, Error, Job, Location, LockPool, Settings, SslMode, TurnRef, Uuid};
+use locks_core::{Answer, Error, Job, LockPool, Settings, SslMode, TurnRef, Uuid};
 
 /// The cluster's URL (no TLS parameters) and the certificates' directory.
 struct Cluster {
@@ -210,7 +210,7 @@ fn with(url: &str, mode: SslMode, ca_file: Option<String>) -> Settings {
 
 /// The same settings, reaching the server by another name.
 fn at_host(mut settings: Settings, host: &str) -> Settings {
-    settings.location = Location::Host(host.to_owned());
+    settings.hostname = Some(host.to_owned());
     settings
 }
 

@@ -123,7 +123,7 @@ fn leave(env: Env<'_>) -> Term<'_> {
     };
     unwatch(env, Some(waiter.monitor));
     match global::current() {
-        Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout_timeout)),
+        Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout())),
         Err(err) => exception(err),
     }
     .encode(env)
@@ -194,7 +194,7 @@ fn enter<'a>(
 /// as now (as for the statement's deadline); `{:wait, 0}` with no pool (it
 /// closed as the caller came), whose `leave/0` then raises `:not_started`.
 fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
-    let checkout = global::current().map_or(Duration::ZERO, |p| p.settings().checkout_timeout);
+    let checkout = global::current().map_or(Duration::ZERO, |p| p.settings().checkout());
     let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
     let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).clamp(0, checkout_ns);
     Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))
