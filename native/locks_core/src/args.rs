@@ -127,6 +127,49 @@ impl Hold {
     }
 }
 
+/// Each argument decoded from its term by its rule (the NIF's build): a
+/// term that breaks it is a bad argument, as any other term.
+#[cfg(feature = "nif")]
+mod decode {
+    use super::{ClickRef, Hold, Ttl, TurnRef, Uuid, MAX_TTL_S};
+    use rustler::{Binary, Decoder, Error, NifResult, Term};
+
+    fn arg<T>(value: Option<T>) -> NifResult<T> {
+        value.ok_or(Error::BadArg)
+    }
+
+    impl<'a> Decoder<'a> for Uuid {
+        fn decode(term: Term<'a>) -> NifResult<Self> {
+            arg(Uuid::from_bytes(term.decode::<Binary>()?.as_slice()))
+        }
+    }
+
+    impl<'a> Decoder<'a> for TurnRef {
+        fn decode(term: Term<'a>) -> NifResult<Self> {
+            arg(TurnRef::new(term.decode()?))
+        }
+    }
+
+    impl<'a> Decoder<'a> for ClickRef {
+        fn decode(term: Term<'a>) -> NifResult<Self> {
+            arg(ClickRef::new(term.decode()?))
+        }
+    }
+
+    impl<'a> Decoder<'a> for Ttl {
+        fn decode(term: Term<'a>) -> NifResult<Self> {
+            arg(Ttl::new(term.decode()?))
+        }
+    }
+
+    /// Within the longest TTL here; within its own by [`Job::checked`](crate::Job::checked).
+    impl<'a> Decoder<'a> for Hold {
+        fn decode(term: Term<'a>) -> NifResult<Self> {
+            arg(Hold::new(term.decode()?, Ttl(MAX_TTL_S)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

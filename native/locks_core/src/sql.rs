@@ -576,16 +576,16 @@ mod tests {
         let ttl = Ttl::new(60).expect("a ttl");
         let hold = Hold::new(10, ttl).expect("a hold");
         let jobs = [
-            Job::Acquire { chat, user, turn: turn.clone(), ttl, hold },
-            Job::AcquireUser { user, click: click.clone(), ttl, hold },
-            Job::Fresh { chat, turn: turn.clone(), ttl },
-            Job::Held { chat, user, turn: turn.clone() },
-            Job::Keep { chat, user, turn: turn.clone(), ttl, hold },
-            Job::KeepUser { user, click: click.clone(), ttl, hold },
-            Job::HeldLocks { ttl },
-            Job::Release { chat, user, turn: turn.clone() },
-            Job::ReleaseStale { chat, user, turn, ttl },
-            Job::ReleaseUser { user, click },
+            Job::Acquire(chat, user, turn.clone(), ttl, hold),
+            Job::AcquireUser(user, click.clone(), ttl, hold),
+            Job::Fresh(chat, turn.clone(), ttl),
+            Job::Held(chat, user, turn.clone()),
+            Job::Keep(chat, user, turn.clone(), ttl, hold),
+            Job::KeepUser(user, click.clone(), ttl, hold),
+            Job::HeldLocks(ttl),
+            Job::Release(chat, user, turn.clone()),
+            Job::ReleaseStale(chat, user, turn, ttl),
+            Job::ReleaseUser(user, click),
         ];
         let statements = statements(None);
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();

@@ -220,7 +220,7 @@ fn call(settings: Settings) -> Result<bool, Error> {
     let pool = LockPool::new(settings.clone())?;
     let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
     let turn = TurnRef::new("turn-tls").expect("a turn ref");
-    let job = Job::Held { chat: id, user: id, turn };
+    let job = Job::Held(id, id, turn);
     match pool.run(common::now(&settings), &job)? {
         Answer::Yes(held) => Ok(held),
         other => panic!("held answered {other:?}"),

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use locks_core::args::{CLICK_REF_PREFIX, MAX_REF_BYTES, MAX_TTL_S};
-use locks_core::{global, schema, Deadline, Error, Settings};
+use locks_core::{global, schema, Deadline, Error, Job, Settings};
 use rustler::{Atom, Env, NifMap, NifResult};
 
 use crate::atoms;
@@ -72,6 +72,12 @@ struct Rules {
 #[rustler::nif]
 fn rules() -> Rules {
     Rules { click_prefix: CLICK_REF_PREFIX, max_ref_bytes: MAX_REF_BYTES, max_ttl_s: MAX_TTL_S }
+}
+
+/// The lock functions, as the Elixir API names them (`Job::functions`).
+#[rustler::nif]
+fn functions(env: Env<'_>) -> NifResult<Vec<Atom>> {
+    Job::functions().map(|name| Atom::from_str(env, name)).collect()
 }
 
 /// `status/0`'s `:pool`: the queue's slots and the pool's connections.

@@ -47,6 +47,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def enter(_start, _function, _args), do: not_loaded()
   def leave, do: not_loaded()
   def status, do: not_loaded()
+  def functions, do: not_loaded()
 
   # testing: :sandbox (native/locks_nif/src/repo.rs, run by Locks.Sandbox).
   def repo_start(_prefix), do: not_loaded()
