@@ -82,21 +82,11 @@ macro_rules! fresh {
 
 /// The lock of `$row` is *free for ref `$r`*: no holder, already `$r`'s
 /// (taking it again re-dates it), no `busy_since`, or `stale!`.
+#[rustfmt::skip]
 macro_rules! free {
     ($row:literal, $r:literal, $now:literal, $ttl:literal) => {
-        concat!(
-            "(",
-            $row,
-            "busy_turn_ref IS NULL OR ",
-            $row,
-            "busy_turn_ref = ",
-            $r,
-            " OR ",
-            $row,
-            "busy_since IS NULL\n    OR ",
-            stale!($row, $now, $ttl),
-            ")"
-        )
+        concat!("(", $row, "busy_turn_ref IS NULL OR ", $row, "busy_turn_ref = ", $r, " OR ",
+                $row, "busy_since IS NULL\n    OR ", stale!($row, $now, $ttl), ")")
     };
 }
 
@@ -114,15 +104,14 @@ macro_rules! dated {
 /// inserted values) when `free!` for `$r`, and otherwise written back
 /// unchanged, so that `RETURNING` names its current holder even when that
 /// holder's row is newer than the statement's snapshot.
+#[rustfmt::skip]
 macro_rules! take_user {
     ($r:literal, $ttl:literal) => {
-        concat!(
-            "ON CONFLICT (user_uuid) DO UPDATE SET\n  busy_since = CASE WHEN ",
-            free!("u.", $r, "{user_now}", $ttl),
-            "\n    THEN EXCLUDED.busy_since ELSE u.busy_since END,\n  busy_turn_ref = CASE WHEN ",
-            free!("u.", $r, "{user_now}", $ttl),
-            "\n    THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END"
-        )
+        concat!("ON CONFLICT (user_uuid) DO UPDATE SET
+  busy_since = CASE WHEN ", free!("u.", $r, "{user_now}", $ttl), "
+    THEN EXCLUDED.busy_since ELSE u.busy_since END,
+  busy_turn_ref = CASE WHEN ", free!("u.", $r, "{user_now}", $ttl), "
+    THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END")
     };
 }
 
@@ -151,38 +140,31 @@ macro_rules! take_user {
 ///
 /// Returns one row: `acquired` (both taken) and `user_holder` (NULL when the
 /// chat was busy and the user row was never touched).
+#[rustfmt::skip]
 pub(crate) const ACQUIRE: Def = Def {
     name: "acquire",
-    text: concat!(
-        "
+    text: concat!("
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
-  WHERE c.uuid = $1::uuid AND ",
-        free!("c.", "$3::text", "{chat_now}", "$4"),
-        "
+  WHERE c.uuid = $1::uuid
+    AND ", free!("c.", "$3::text", "{chat_now}", "$4"), "
   FOR UPDATE
 ),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-  SELECT $2::uuid, ",
-        dated!("{user_now}", "$4", "$5"),
-        ", $3::text{fill_values} FROM chat
-  ",
-        take_user!("$3::text", "$4"),
-        "
+  SELECT $2::uuid, ", dated!("{user_now}", "$4", "$5"), ",
+         $3::text{fill_values} FROM chat
+  ", take_user!("$3::text", "$4"), "
   RETURNING u.busy_turn_ref AS holder
 ),
 took AS (
   UPDATE {chats} c
-  SET busy_since = ",
-        dated!("{chat_now}", "$4", "$5"),
-        ", busy_turn_ref = $3::text
+  SET busy_since = ", dated!("{chat_now}", "$4", "$5"), ", busy_turn_ref = $3::text
   WHERE c.uuid = (SELECT uuid FROM chat)
     AND (SELECT holder FROM usr) = $3::text
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder"
-    ),
+SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -197,19 +179,14 @@ SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user
 /// As in [`ACQUIRE`], a refused row is written back unchanged so that
 /// `RETURNING` names the current holder, even one newer than the snapshot.
 /// Returns one row: the holder.
+#[rustfmt::skip]
 pub(crate) const ACQUIRE_USER: Def = Def {
     name: "acquire_user",
-    text: concat!(
-        "
+    text: concat!("
 INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-VALUES ($1::uuid, ",
-        dated!("{user_now}", "$3", "$4"),
-        ", $2::text{fill_values})
-",
-        take_user!("$2::text", "$3"),
-        "
-RETURNING u.busy_turn_ref AS holder"
-    ),
+VALUES ($1::uuid, ", dated!("{user_now}", "$3", "$4"), ", $2::text{fill_values})
+", take_user!("$2::text", "$3"), "
+RETURNING u.busy_turn_ref AS holder"),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -218,18 +195,15 @@ RETURNING u.busy_turn_ref AS holder"
 /// `$1` chat uuid, `$2` turn ref, `$3` TTL. "Fresh" is the exact negation of
 /// the take-over predicate (`busy_since < now() - ttl`): a fresh lock cannot
 /// be taken over, a lock that is not fresh can. Returns one row: the answer.
+#[rustfmt::skip]
 pub(crate) const FRESH: Def = Def {
     name: "fresh?",
-    text: concat!(
-        "
+    text: concat!("
 SELECT EXISTS (
   SELECT 1 FROM {chats}
   WHERE uuid = $1::uuid AND busy_turn_ref = $2::text
-    AND ",
-        fresh!("", "{chat_now}", "$3"),
-        "
-)"
-    ),
+    AND ", fresh!("", "{chat_now}", "$3"), "
+)"),
     params: &[Type::UUID, Type::TEXT, Type::INT4],
 };
 
@@ -249,16 +223,13 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 ///
 /// `$1` user uuid, `$2` click ref, `$3` TTL, `$4` hold. Returns a row when
 /// the click held it (`true`), none when it had been released or taken over.
+#[rustfmt::skip]
 pub(crate) const KEEP_USER: Def = Def {
     name: "keep_user",
-    text: concat!(
-        "
-UPDATE {users} SET busy_since = ",
-        dated!("{user_now}", "$3", "$4"),
-        "
+    text: concat!("
+UPDATE {users} SET busy_since = ", dated!("{user_now}", "$3", "$4"), "
 WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text
-RETURNING 1"
-    ),
+RETURNING 1"),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -277,43 +248,34 @@ RETURNING 1"
 /// row first) with the predicate re-checked on their newest versions, and
 /// the two updates run only when both rows qualified, so both are re-dated
 /// or neither. Returns one row: whether they were.
+#[rustfmt::skip]
 pub(crate) const KEEP: Def = Def {
     name: "keep",
-    text: concat!(
-        "
+    text: concat!("
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
-    AND ",
-        fresh!("c.", "{chat_now}", "$4"),
-        "
+    AND ", fresh!("c.", "{chat_now}", "$4"), "
   FOR UPDATE
 ),
 usr AS (
   SELECT u.user_uuid FROM {users} u
   WHERE u.user_uuid = $2::uuid AND u.busy_turn_ref = $3::text
-    AND ",
-        fresh!("u.", "{user_now}", "$4"),
-        "
+    AND ", fresh!("u.", "{user_now}", "$4"), "
     AND EXISTS (SELECT 1 FROM chat)
   FOR UPDATE
 ),
 kept_chat AS (
-  UPDATE {chats} SET busy_since = ",
-        dated!("{chat_now}", "$4", "$5"),
-        "
+  UPDATE {chats} SET busy_since = ", dated!("{chat_now}", "$4", "$5"), "
   WHERE uuid = (SELECT uuid FROM chat) AND EXISTS (SELECT 1 FROM usr)
   RETURNING 1
 ),
 kept_user AS (
-  UPDATE {users} SET busy_since = ",
-        dated!("{user_now}", "$4", "$5"),
-        "
+  UPDATE {users} SET busy_since = ", dated!("{user_now}", "$4", "$5"), "
   WHERE user_uuid = (SELECT user_uuid FROM usr) AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)"
-    ),
+SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -345,16 +307,14 @@ WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
 /// freed row and matches nothing: exactly one sees `released = true`. The
 /// user's lock goes in the same statement, only if this call freed the chat
 /// and `$3` still holds it. Returns one row: `released`.
+#[rustfmt::skip]
 pub(crate) const RELEASE_STALE: Def = Def {
     name: "release_stale",
-    text: concat!(
-        "
+    text: concat!("
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
   WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
-    AND ",
-        stale!("", "{chat_now}", "$4"),
-        "
+    AND ", stale!("", "{chat_now}", "$4"), "
   RETURNING 1
 ),
 usr AS (
@@ -363,8 +323,7 @@ usr AS (
     AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users"
-    ),
+SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
 };
 
@@ -385,30 +344,25 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// predicate (`busy_since < now() - ttl`, or no `busy_since`). `since` is
 /// microseconds since the Unix epoch (a naive `busy_since` holds UTC); `age`
 /// is seconds by the database's clock. A read: it changes nothing.
+#[rustfmt::skip]
 pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
-    text: concat!(
-        "
+    text: concat!("
 SELECT * FROM (
   SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
          (extract(epoch FROM busy_since) * 1000000)::int8 AS since,
          extract(epoch FROM {chat_now} - busy_since)::float8 AS age,
-         coalesce(",
-        stale!("", "{chat_now}", "$1"),
-        ", true) AS stale
+         coalesce(", stale!("", "{chat_now}", "$1"), ", true) AS stale
   FROM {chats} WHERE busy_turn_ref IS NOT NULL
   UNION ALL
   SELECT 'user', user_uuid::text, busy_turn_ref::text,
          (extract(epoch FROM busy_since) * 1000000)::int8,
          extract(epoch FROM {user_now} - busy_since)::float8,
-         coalesce(",
-        stale!("", "{user_now}", "$1"),
-        ", true)
+         coalesce(", stale!("", "{user_now}", "$1"), ", true)
   FROM {users} WHERE busy_turn_ref IS NOT NULL
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
-LIMIT 1000"
-    ),
+LIMIT 1000"),
     params: &[Type::INT4],
 };
 
