@@ -120,53 +120,33 @@ impl Hold {
     pub fn new(seconds: i64, ttl: Ttl) -> Option<Self> {
         i32::try_from(seconds).ok().filter(|s| (1..=ttl.0).contains(s)).map(Hold)
     }
-
-    /// The whole TTL: a lock dated now (`acquire/4`).
-    pub fn full(ttl: Ttl) -> Self {
-        Hold(ttl.0)
-    }
 }
 
 /// Each argument decoded from its term by its rule (the NIF's build): a
-/// term that breaks it is a bad argument, as any other term.
+/// term that breaks it is a bad argument, as any other term. A hold is
+/// checked against the longest TTL here, against its own by
+/// [`Job::checked`](crate::Job::checked).
 #[cfg(feature = "nif")]
 mod decode {
     use super::{ClickRef, Hold, Ttl, TurnRef, Uuid, MAX_TTL_S};
     use rustler::{Binary, Decoder, Error, NifResult, Term};
 
-    fn arg<T>(value: Option<T>) -> NifResult<T> {
-        value.ok_or(Error::BadArg)
+    macro_rules! by_rule {
+        ($($arg:ty: $rule:expr;)*) => {$(
+            impl<'a> Decoder<'a> for $arg {
+                fn decode(term: Term<'a>) -> NifResult<Self> {
+                    $rule(term.decode()?).ok_or(Error::BadArg)
+                }
+            }
+        )*};
     }
 
-    impl<'a> Decoder<'a> for Uuid {
-        fn decode(term: Term<'a>) -> NifResult<Self> {
-            arg(Uuid::from_bytes(term.decode::<Binary>()?.as_slice()))
-        }
-    }
-
-    impl<'a> Decoder<'a> for TurnRef {
-        fn decode(term: Term<'a>) -> NifResult<Self> {
-            arg(TurnRef::new(term.decode()?))
-        }
-    }
-
-    impl<'a> Decoder<'a> for ClickRef {
-        fn decode(term: Term<'a>) -> NifResult<Self> {
-            arg(ClickRef::new(term.decode()?))
-        }
-    }
-
-    impl<'a> Decoder<'a> for Ttl {
-        fn decode(term: Term<'a>) -> NifResult<Self> {
-            arg(Ttl::new(term.decode()?))
-        }
-    }
-
-    /// Within the longest TTL here; within its own by [`Job::checked`](crate::Job::checked).
-    impl<'a> Decoder<'a> for Hold {
-        fn decode(term: Term<'a>) -> NifResult<Self> {
-            arg(Hold::new(term.decode()?, Ttl(MAX_TTL_S)))
-        }
+    by_rule! {
+        Uuid: |bytes: Binary| Uuid::from_bytes(bytes.as_slice());
+        TurnRef: TurnRef::new;
+        ClickRef: ClickRef::new;
+        Ttl: Ttl::new;
+        Hold: |seconds| Hold::new(seconds, Ttl(MAX_TTL_S));
     }
 }
 

@@ -46,7 +46,7 @@ fn every_call(prepare: Prepare) {
     insert_chat(&pool, &other_chat);
     let (ttl, hold) =
         (Ttl::new(60).expect("ttl"), Hold::new(10, Ttl::new(60).expect("ttl")).expect("hold"));
-    let full = Hold::full(ttl);
+    let full = Hold::new(60, ttl).expect("the whole TTL: locks dated now");
     let turn = TurnRef::new("smoke-turn").expect("a turn ref");
     let other = TurnRef::new("smoke-other").expect("a turn ref");
     let click = ClickRef::new("click:smoke").expect("a click ref");

@@ -15,15 +15,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @counters {__MODULE__, :counters}
   @telemetry {__MODULE__, :telemetry}
 
-  def setup do
+  def setup, do: :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
+
+  # The counters and each function's place in them, made once per VM by the
+  # first call counted (one maker at a time): the NIF is loaded by then, or
+  # there is nothing to count (every call raises :nif_not_loaded). Not at
+  # setup: a VM that loads modules on first use loads Native at the first call.
+  defp counters do
+    with nil <- :persistent_term.get(@counters, nil) do
+      :global.trans({@counters, self()}, &make_counters/0, [node()])
+    end
+  end
+
+  defp make_counters do
     with nil <- :persistent_term.get(@counters, nil),
          [_ | _] = functions <- functions() do
       index = Map.new(Enum.with_index(functions))
-      counters = :counters.new(map_size(index) * @per_function, [:write_concurrency])
-      :persistent_term.put(@counters, {counters, index})
+      counters = {:counters.new(map_size(index) * @per_function, [:write_concurrency]), index}
+      :persistent_term.put(@counters, counters)
+      counters
     end
-
-    :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
   end
 
   # A span by :telemetry.span/3's convention: the :start metadata (the
@@ -69,7 +80,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   defp telemetry?, do: :persistent_term.get(@telemetry, false)
 
-  # Without the NIF there is nothing to count: every call raises :nif_not_loaded.
   defp functions do
     Native.functions()
   rescue
@@ -96,7 +106,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp count(function, start, outcome) do
     duration = System.monotonic_time() - System.convert_time_unit(start, :nanosecond, :native)
 
-    with {counters, %{^function => i}} <- :persistent_term.get(@counters, nil) do
+    with {counters, %{^function => i}} <- counters() do
       base = i * @per_function
       :counters.add(counters, base + Enum.find_index(@outcomes, &(&1 == outcome)) + 1, 1)
       us = System.convert_time_unit(duration, :native, :microsecond)
