@@ -169,5 +169,11 @@ mod tests {
         assert_eq!([0, 1, max, max + 1].map(|s| Ttl::new(s).is_some()), [false, true, true, false]);
         let ttl = Ttl::new(60).expect("a ttl");
         assert_eq!([0, 1, 60, 61].map(|s| Hold::new(s, ttl).is_some()), [false, true, true, false]);
+
+        // A hold decoded alone is only within the longest TTL: the job checks it against its own.
+        let (user, click) = (Uuid([1; 16]), ClickRef::new("click:1").expect("a click ref"));
+        let hold = |s| Hold::new(s, Ttl(MAX_TTL_S)).expect("a hold");
+        let job = |s| crate::Job::KeepUser(user, click.clone(), ttl, hold(s)).checked().is_some();
+        assert_eq!([60, 61].map(job), [true, false]);
     }
 }
