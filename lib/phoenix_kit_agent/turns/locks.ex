@@ -44,10 +44,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @typedoc "Why `acquire/4` took neither lock."
   @type acquire_error :: :conversation_busy | user_busy()
 
-  @max_ttl_s 315_360_000
-  # A varchar busy_turn_ref must hold this many characters (native schema.rs, MAX_REF_CHARS).
-  @max_ref_bytes 255
-
   @doc """
   Takes both locks for `turn_ref`, or neither; a lock older than `ttl_s`
   seconds is taken over. The chat is tried first: while another turn holds
@@ -121,7 +117,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
       {true, 38}
   """
   @spec click_ref() :: String.t()
-  def click_ref, do: click_prefix() <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
+  def click_ref,
+    do: rules().click_prefix <> Base.encode16(:crypto.strong_rand_bytes(16), case: :lower)
 
   @doc """
   Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
@@ -516,7 +513,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp reply!(%Error{} = error), do: raise(error)
 
   ## Argument checks: each raises ArgumentError naming the argument before
-  ## anything reaches the native side, which refuses, unworded, what it cannot use.
+  ## anything reaches the native side. The rules are the native side's
+  ## (native/locks_core/src/args.rs), which refuses the same terms, unworded;
+  ## their limits come from it (rules/0).
 
   defp turn!(chat, user, turn_ref),
     do: [chat!(chat), uuid!(:user_uuid, user), turn_ref!(turn_ref)]
@@ -561,23 +560,36 @@ defmodule PhoenixKitAgent.Turns.Locks do
     ref!(:ref, value)
   end
 
-  defp click_ref?(value), do: is_binary(value) and String.starts_with?(value, click_prefix())
+  defp click_ref?(value),
+    do: is_binary(value) and String.starts_with?(value, rules().click_prefix)
 
-  # The native side's prefix (it tells a refusal's holder by it), kept by Native
-  # when it loads; asking Native loads it, in a VM that loads modules on first use.
-  defp click_prefix,
-    do: :persistent_term.get({Native, :click_prefix}, nil) || Native.click_prefix()
+  # The native side's limits (its click prefix tells a refusal's holder by it),
+  # kept by Native when it loads; asking Native loads it, in a VM that loads
+  # modules on first use.
+  defp rules, do: :persistent_term.get({Native, :rules}, nil) || Native.rules()
 
-  defp ref!(name, value) when is_binary(value) and byte_size(value) in 1..@max_ref_bytes do
-    if String.valid?(value) and not String.contains?(value, <<0>>),
-      do: value,
-      else: bad!(name, "valid UTF-8 without NUL bytes", value)
+  defp ref!(name, value) do
+    %{max_ref_bytes: max} = rules()
+
+    cond do
+      not is_binary(value) or byte_size(value) not in 1..max ->
+        bad!(name, "a string of 1 to #{max} bytes", value)
+
+      String.valid?(value) and not String.contains?(value, <<0>>) ->
+        value
+
+      true ->
+        bad!(name, "valid UTF-8 without NUL bytes", value)
+    end
   end
 
-  defp ref!(name, value), do: bad!(name, "a string of 1 to #{@max_ref_bytes} bytes", value)
+  defp ttl!(value) do
+    %{max_ttl_s: max} = rules()
 
-  defp ttl!(value) when is_integer(value) and value in 1..@max_ttl_s, do: value
-  defp ttl!(value), do: bad!(:ttl_s, "a whole number of seconds from 1 to #{@max_ttl_s}", value)
+    if is_integer(value) and value in 1..max,
+      do: value,
+      else: bad!(:ttl_s, "a whole number of seconds from 1 to #{max}", value)
+  end
 
   defp hold!(_name, value, ttl_s) when is_integer(value) and value >= 1 and value <= ttl_s,
     do: value

@@ -1,11 +1,13 @@
-//! The arguments of the lock calls, as types a statement can take.
+//! The arguments of the lock calls, as types a statement can take: the one
+//! place of the argument rules.
 //!
-//! The Elixir API checks every argument against its documented limits (and
-//! words the `ArgumentError`) before any NIF call. These types only keep what
-//! the statements themselves need, so that nothing malformed is ever sent:
-//! 16 bytes of a uuid, a ref PostgreSQL `text` can hold, and seconds that fit
-//! the `int4` parameters with a hold no longer than its TTL. Each constructor
-//! answers `None` for anything else.
+//! Each constructor answers `None` for anything outside its rule, so nothing
+//! malformed is ever sent: 16 bytes of a uuid; a ref of 1 to [`MAX_REF_BYTES`]
+//! bytes with no NUL (UTF-8 by its type), a click's starting with
+//! [`CLICK_REF_PREFIX`] and a turn's not; a TTL from 1 to [`MAX_TTL_S`]
+//! seconds; a hold from 1 to its TTL. The Elixir API checks the same rules
+//! before any NIF call, with the limits the NIF gives it (`rules/0`), only
+//! to word the `ArgumentError` after the argument.
 
 use std::fmt;
 
@@ -14,6 +16,14 @@ use tokio_postgres::types::{to_sql_checked, IsNull, ToSql, Type};
 /// The prefix that marks a ref as a click's (made by `click_ref/0`), so that a
 /// refused caller can be told `:click_in_flight` rather than `:turn_in_flight`.
 pub const CLICK_REF_PREFIX: &str = "click:";
+
+/// The longest ref, in bytes: what a `varchar(255)` `busy_turn_ref` holds
+/// whatever its characters ([`MAX_REF_CHARS`](crate::schema::MAX_REF_CHARS)).
+pub const MAX_REF_BYTES: usize = 255;
+
+/// The longest TTL, in seconds: ten years, so that `now()` less it (or less
+/// a TTL less its hold) stays far inside a timestamp's range.
+pub const MAX_TTL_S: i32 = 315_360_000;
 
 /// A row id: the 16 bytes of a UUID (the Elixir side decodes the text form).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -55,9 +65,10 @@ impl ToSql for Uuid {
     to_sql_checked!();
 }
 
-/// Text a `text` column can hold and compare: not empty, no NUL byte.
+/// A ref a `busy_turn_ref` column can hold and compare: 1 to
+/// [`MAX_REF_BYTES`] bytes, no NUL byte.
 fn storable(text: &str) -> bool {
-    !text.is_empty() && !text.as_bytes().contains(&0)
+    (1..=MAX_REF_BYTES).contains(&text.len()) && !text.as_bytes().contains(&0)
 }
 
 /// Whether a ref is a click's.
@@ -92,9 +103,9 @@ impl ClickRef {
 pub struct Ttl(pub(crate) i32);
 
 impl Ttl {
-    /// `None` unless `seconds` is positive and fits an `int4`.
+    /// `None` unless `seconds` is from 1 to [`MAX_TTL_S`].
     pub fn new(seconds: i64) -> Option<Self> {
-        i32::try_from(seconds).ok().filter(|s| *s > 0).map(Ttl)
+        i32::try_from(seconds).ok().filter(|s| (1..=MAX_TTL_S).contains(s)).map(Ttl)
     }
 }
 
@@ -109,9 +120,60 @@ impl Hold {
     pub fn new(seconds: i64, ttl: Ttl) -> Option<Self> {
         i32::try_from(seconds).ok().filter(|s| (1..=ttl.0).contains(s)).map(Hold)
     }
+}
 
-    /// The whole TTL: a lock dated now (`acquire/4`).
-    pub fn full(ttl: Ttl) -> Self {
-        Hold(ttl.0)
+/// Each argument decoded from its term by its rule (the NIF's build): a
+/// term that breaks it is a bad argument, as any other term. A hold is
+/// checked against the longest TTL here, against its own by
+/// [`Job::checked`](crate::Job::checked).
+#[cfg(feature = "nif")]
+mod decode {
+    use super::{ClickRef, Hold, Ttl, TurnRef, Uuid, MAX_TTL_S};
+    use rustler::{Binary, Decoder, Error, NifResult, Term};
+
+    macro_rules! by_rule {
+        ($($arg:ty: $rule:expr;)*) => {$(
+            impl<'a> Decoder<'a> for $arg {
+                fn decode(term: Term<'a>) -> NifResult<Self> {
+                    $rule(term.decode()?).ok_or(Error::BadArg)
+                }
+            }
+        )*};
+    }
+
+    by_rule! {
+        Uuid: |bytes: Binary| Uuid::from_bytes(bytes.as_slice());
+        TurnRef: TurnRef::new;
+        ClickRef: ClickRef::new;
+        Ttl: Ttl::new;
+        Hold: |seconds| Hold::new(seconds, Ttl(MAX_TTL_S));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_argument_is_taken_up_to_its_limit_and_not_past_it() {
+        let long = |n| "t".repeat(n);
+        assert!(TurnRef::new(&long(MAX_REF_BYTES)).is_some());
+        assert!(TurnRef::new(&long(MAX_REF_BYTES + 1)).is_none());
+        assert!(TurnRef::new(&"é".repeat(128)).is_none());
+        assert!(TurnRef::new("").is_none() && TurnRef::new("t\0").is_none());
+        assert!(TurnRef::new("click:1").is_none() && ClickRef::new("turn-1").is_none());
+        assert!(ClickRef::new(&format!("click:{}", "0".repeat(MAX_REF_BYTES - 6))).is_some());
+        assert!(ClickRef::new(&format!("click:{}", "0".repeat(MAX_REF_BYTES - 5))).is_none());
+
+        let max = i64::from(MAX_TTL_S);
+        assert_eq!([0, 1, max, max + 1].map(|s| Ttl::new(s).is_some()), [false, true, true, false]);
+        let ttl = Ttl::new(60).expect("a ttl");
+        assert_eq!([0, 1, 60, 61].map(|s| Hold::new(s, ttl).is_some()), [false, true, true, false]);
+
+        // A hold decoded alone is only within the longest TTL: the job checks it against its own.
+        let (user, click) = (Uuid([1; 16]), ClickRef::new("click:1").expect("a click ref"));
+        let hold = |s| Hold::new(s, Ttl(MAX_TTL_S)).expect("a hold");
+        let job = |s| crate::Job::KeepUser(user, click.clone(), ttl, hold(s)).checked().is_some();
+        assert_eq!([60, 61].map(job), [true, false]);
     }
 }

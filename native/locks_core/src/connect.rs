@@ -111,7 +111,8 @@ impl Conn {
 impl Connector {
     /// Checks what can be checked without connecting (the CA file is read).
     pub fn new(settings: &Settings) -> Result<Self> {
-        let mode = match settings.location {
+        let (location, port) = (settings.location(), settings.port()?);
+        let mode = match location {
             Location::SocketDir(_) => SslMode::Disable,
             Location::Host(_) => settings.sslmode,
         };
@@ -125,13 +126,13 @@ impl Connector {
             login.password(password);
         }
         Ok(Connector {
-            location: settings.location.clone(),
-            port: settings.port,
+            peer: peer(&location, port),
+            location,
+            port,
             login,
             tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
-            timeout: settings.connect_timeout,
+            timeout: Duration::from_millis(settings.connect_timeout),
             backoff: Arc::default(),
-            peer: peer(&settings.location, settings.port),
         })
     }
 
@@ -311,9 +312,14 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     fn settings(location: Location, port: u16, sslmode: SslMode) -> Settings {
+        let (hostname, socket_dir) = match location {
+            Location::Host(host) => (Some(host), None),
+            Location::SocketDir(dir) => (None, Some(dir)),
+        };
         Settings {
-            location,
-            port,
+            hostname,
+            socket_dir,
+            port: port.into(),
             username: "locks".into(),
             password: Some("secret-pw".into()),
             database: "locks".into(),
@@ -322,9 +328,9 @@ mod tests {
             application_name: "locks_core_tests".into(),
             prefix: None,
             pool_size: 1,
-            connect_timeout: Duration::from_millis(300),
-            checkout_timeout: Duration::from_secs(1),
-            statement_timeout: Duration::from_secs(1),
+            connect_timeout: 300,
+            checkout_timeout: 1_000,
+            statement_timeout: 1_000,
             prepare: Prepare::Named,
         }
     }

@@ -11,21 +11,36 @@ use crate::row::{only, Row};
 use crate::sql::{self, Def};
 use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 
-/// A lock call and its arguments: one variant per function of the Elixir
-/// API, named after it, run as its statement in `sql.rs`.
+/// A lock call and its arguments: the one list of the lock functions. One
+/// variant per function of the Elixir API, named after it (without its `?`),
+/// its fields the function's arguments in their order, which is also the
+/// order of its statement's parameters `$1`, `$2`… (`sql.rs`, named after
+/// the function). The NIF decodes one by derive from the tuple `{function,
+/// arg, …}` (the `nif` feature); a hold longer than its TTL is refused by
+/// [`Job::checked`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[allow(missing_docs)] // the variants and fields: the Elixir functions and their arguments
+#[cfg_attr(feature = "nif", derive(rustler::NifTaggedEnum), rustler(decode))]
 pub enum Job {
-    Acquire { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl, hold: Hold },
-    AcquireUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
-    Fresh { chat: Uuid, turn: TurnRef, ttl: Ttl },
-    Held { chat: Uuid, user: Uuid, turn: TurnRef },
-    Keep { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl, hold: Hold },
-    KeepUser { user: Uuid, click: ClickRef, ttl: Ttl, hold: Hold },
-    HeldLocks { ttl: Ttl },
-    Release { chat: Uuid, user: Uuid, turn: TurnRef },
-    ReleaseStale { chat: Uuid, user: Uuid, turn: TurnRef, ttl: Ttl },
-    ReleaseUser { user: Uuid, click: ClickRef },
+    /// `acquire/4` (the TTL as the hold), `acquire/5`: chat, user, turn ref, TTL, hold.
+    Acquire(Uuid, Uuid, TurnRef, Ttl, Hold),
+    /// `acquire_user/4`: user, click ref, TTL, hold.
+    AcquireUser(Uuid, ClickRef, Ttl, Hold),
+    /// `fresh?/3`: chat, turn ref, TTL.
+    Fresh(Uuid, TurnRef, Ttl),
+    /// `held?/3`: chat, user, turn ref.
+    Held(Uuid, Uuid, TurnRef),
+    /// `keep/5`: chat, user, turn ref, TTL, hold.
+    Keep(Uuid, Uuid, TurnRef, Ttl, Hold),
+    /// `keep_user/4`: user, click ref, TTL, hold.
+    KeepUser(Uuid, ClickRef, Ttl, Hold),
+    /// `held_locks/1`: TTL.
+    HeldLocks(Ttl),
+    /// `release/3`: chat, user, turn ref.
+    Release(Uuid, Uuid, TurnRef),
+    /// `release_stale/4`: chat, user, turn ref, TTL.
+    ReleaseStale(Uuid, Uuid, TurnRef, Ttl),
+    /// `release_user/2`: user, click ref.
+    ReleaseUser(Uuid, ClickRef),
 }
 
 /// What a [`Job`] answered.
@@ -44,38 +59,56 @@ pub enum Answer {
 }
 
 impl Job {
-    /// The job's statement (`sql.rs`).
-    pub(crate) fn statement(&self) -> &'static Def {
-        match self {
-            Job::Acquire { .. } => &sql::ACQUIRE,
-            Job::AcquireUser { .. } => &sql::ACQUIRE_USER,
-            Job::Fresh { .. } => &sql::FRESH,
-            Job::Held { .. } => &sql::HELD,
-            Job::Keep { .. } => &sql::KEEP,
-            Job::KeepUser { .. } => &sql::KEEP_USER,
-            Job::HeldLocks { .. } => &sql::HELD_LOCKS,
-            Job::Release { .. } => &sql::RELEASE,
-            Job::ReleaseStale { .. } => &sql::RELEASE_STALE,
-            Job::ReleaseUser { .. } => &sql::RELEASE_USER,
+    /// The job, or `None` when its hold is longer than its TTL (which would
+    /// date the lock into the future).
+    pub fn checked(self) -> Option<Self> {
+        match &self {
+            Job::Acquire(.., ttl, hold)
+            | Job::Keep(.., ttl, hold)
+            | Job::AcquireUser(.., ttl, hold)
+            | Job::KeepUser(.., ttl, hold) => (hold.0 <= ttl.0).then_some(self),
+            _ => Some(self),
         }
     }
 
-    /// The statement's parameters, in the order of its `$n`.
+    /// The lock functions as the Elixir API names them: their statements'
+    /// names (`sql.rs`), for the counters of `status/0`.
+    pub fn functions() -> impl Iterator<Item = &'static str> {
+        sql::LOCKS.iter().map(|def| def.name)
+    }
+
+    /// The job's statement (`sql.rs`).
+    pub(crate) fn statement(&self) -> &'static Def {
+        match self {
+            Job::Acquire(..) => &sql::ACQUIRE,
+            Job::AcquireUser(..) => &sql::ACQUIRE_USER,
+            Job::Fresh(..) => &sql::FRESH,
+            Job::Held(..) => &sql::HELD,
+            Job::Keep(..) => &sql::KEEP,
+            Job::KeepUser(..) => &sql::KEEP_USER,
+            Job::HeldLocks(..) => &sql::HELD_LOCKS,
+            Job::Release(..) => &sql::RELEASE,
+            Job::ReleaseStale(..) => &sql::RELEASE_STALE,
+            Job::ReleaseUser(..) => &sql::RELEASE_USER,
+        }
+    }
+
+    /// The statement's parameters: the job's fields, in their order.
     pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
         match self {
-            Job::Acquire { chat, user, turn, ttl, hold }
-            | Job::Keep { chat, user, turn, ttl, hold } => {
+            Job::Acquire(chat, user, turn, ttl, hold) | Job::Keep(chat, user, turn, ttl, hold) => {
                 vec![chat, user, &turn.0, &ttl.0, &hold.0]
             }
-            Job::ReleaseStale { chat, user, turn, ttl } => vec![chat, user, &turn.0, &ttl.0],
-            Job::AcquireUser { user, click, ttl, hold }
-            | Job::KeepUser { user, click, ttl, hold } => vec![user, &click.0, &ttl.0, &hold.0],
-            Job::Held { chat, user, turn } | Job::Release { chat, user, turn } => {
+            Job::ReleaseStale(chat, user, turn, ttl) => vec![chat, user, &turn.0, &ttl.0],
+            Job::AcquireUser(user, click, ttl, hold) | Job::KeepUser(user, click, ttl, hold) => {
+                vec![user, &click.0, &ttl.0, &hold.0]
+            }
+            Job::Held(chat, user, turn) | Job::Release(chat, user, turn) => {
                 vec![chat, user, &turn.0]
             }
-            Job::Fresh { chat, turn, ttl } => vec![chat, &turn.0, &ttl.0],
-            Job::HeldLocks { ttl } => vec![&ttl.0],
-            Job::ReleaseUser { user, click } => vec![user, &click.0],
+            Job::Fresh(chat, turn, ttl) => vec![chat, &turn.0, &ttl.0],
+            Job::HeldLocks(ttl) => vec![&ttl.0],
+            Job::ReleaseUser(user, click) => vec![user, &click.0],
         }
     }
 
@@ -83,7 +116,7 @@ impl Job {
     /// connection or from the host's repo (`row.rs`): the one reading of both.
     pub(crate) fn answer<R: Row>(&self, rows: &[R]) -> Result<Answer> {
         Ok(match self {
-            Job::Acquire { turn, .. } => {
+            Job::Acquire(_, _, turn, ..) => {
                 let row = only(rows)?;
                 let acquired = row.bool(0)?;
                 let holder = row.text(1)?;
@@ -102,15 +135,15 @@ impl Job {
                     }
                 })
             }
-            Job::AcquireUser { click, .. } => {
+            Job::AcquireUser(_, click, ..) => {
                 let holder = only(rows)?.str(0)?;
                 Answer::AcquireUser(AcquireUser::from_holder(holder, &click.0))
             }
-            Job::Fresh { .. } | Job::Held { .. } | Job::Keep { .. } | Job::ReleaseStale { .. } => {
+            Job::Fresh(..) | Job::Held(..) | Job::Keep(..) | Job::ReleaseStale(..) => {
                 Answer::Yes(only(rows)?.bool(0)?)
             }
-            Job::KeepUser { .. } => Answer::Yes(rows.len() == 1),
-            Job::HeldLocks { .. } => Answer::Locks(
+            Job::KeepUser(..) => Answer::Yes(rows.len() == 1),
+            Job::HeldLocks(..) => Answer::Locks(
                 rows.iter()
                     .map(|row| {
                         Ok(HeldLock {
@@ -124,7 +157,7 @@ impl Job {
                     })
                     .collect::<Result<_>>()?,
             ),
-            Job::Release { .. } | Job::ReleaseUser { .. } => Answer::Done,
+            Job::Release(..) | Job::ReleaseUser(..) => Answer::Done,
         })
     }
 }

@@ -166,7 +166,7 @@ mod tests {
         let user = Uuid::from_bytes(&[2; 16]).expect("16 bytes");
         let turn = TurnRef::new("turn-1").expect("a turn ref");
         let ttl = Ttl::new(60).expect("a ttl");
-        let job = Job::Acquire { chat, user, turn, ttl, hold: Hold::new(15, ttl).expect("a hold") };
+        let job = Job::Acquire(chat, user, turn, ttl, Hold::new(15, ttl).expect("a hold"));
 
         let columns = repo.step(&job).ok();
         let names = vec![
@@ -194,7 +194,7 @@ mod tests {
         let hold = Hold::new(10, ttl).expect("a hold");
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];
         assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Acquire(Acquire::ClickInFlight)));
-        let keep_user = Job::KeepUser { user, click, ttl, hold };
+        let keep_user = Job::KeepUser(user, click, ttl, hold);
         assert_eq!(repo.answer(&keep_user, &[]).ok(), Some(Answer::Yes(false)));
     }
 

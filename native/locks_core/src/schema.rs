@@ -90,13 +90,13 @@ pub fn lock_columns(prefix: Option<&str>) -> String {
     LOCK_COLUMNS.replace("{chats}", &chats).replace("{users}", &users)
 }
 
-/// The longest ref a call takes, in bytes (`@max_ref_bytes` of the Elixir
-/// API). A `varchar(n)` `busy_turn_ref` must hold it: `n` counts characters
-/// and such a ref has at most 255 of them, so `varchar(255)` (what Ecto's
-/// `:string` makes) is the shortest that does. A shorter one would hold the
-/// refs the library makes (37 bytes for `with_turn/4`, 38 for a click) and
-/// fail a host's longer turn ref at the statement, with 22001.
-pub const MAX_REF_CHARS: i64 = 255;
+/// The characters a `varchar(n)` `busy_turn_ref` must hold: the longest ref
+/// a call takes ([`MAX_REF_BYTES`](crate::args::MAX_REF_BYTES)) has at most as
+/// many characters as bytes, so `varchar(255)` (what Ecto's `:string` makes)
+/// is the shortest that does. A shorter one would hold the refs the library
+/// makes (37 bytes for `with_turn/4`, 38 for a click) and fail a host's
+/// longer turn ref at the statement, with 22001.
+pub const MAX_REF_CHARS: i64 = crate::args::MAX_REF_BYTES as i64;
 
 /// What the catalog says of the two tables: whether each exists, and the
 /// columns of those that do (the `COLUMNS` statement of `sql.rs`).

@@ -4,20 +4,35 @@
 //! `PhoenixKitAgent.Turns.Locks.Config` resolves every source (its own
 //! settings, the host's repo, a URL, `DATABASE_URL`), applies the defaults
 //! and checks every range: nothing here parses a URL or knows a default.
-//! What only Rust can check (a CA file) fails as [`Error::Config`].
+//! Its struct crosses to the NIF as it is, decoded into [`Settings`] by
+//! derive: the fields are declared here and there, nowhere else. What only
+//! Rust can check (a CA file) fails as [`Error::Config`].
 //! `Settings` has no `Debug`, so its password cannot end up in a message.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
 
-/// Where and how to connect, and the pool's limits.
+/// Where and how to connect, and the pool's limits: the Elixir
+/// `PhoenixKitAgent.Turns.Locks.Config` struct itself, decoded field by field
+/// by rustler's derive in the NIF's build (the `nif` feature).
 #[derive(Clone)]
+#[cfg_attr(
+    feature = "nif",
+    derive(rustler::NifStruct),
+    module = "PhoenixKitAgent.Turns.Locks.Config",
+    rustler(decode)
+)]
 #[allow(missing_docs)] // the fields: the Elixir settings of the same names
 pub struct Settings {
-    pub location: Location,
-    pub port: u16,
+    /// A host name or IP address, over TCP.
+    pub hostname: Option<String>,
+    /// A directory holding the server's socket `.s.PGSQL.<port>`; it wins
+    /// over `hostname`, as in Postgrex.
+    pub socket_dir: Option<String>,
+    /// 1 to 65535 (a `u32`: rustler decodes a `u16` by truncating one, so
+    /// 70_000 would be 4_464); checked by [`Settings::port`].
+    pub port: u32,
     pub username: String,
     pub password: Option<String>,
     pub database: String,
@@ -29,12 +44,12 @@ pub struct Settings {
     pub prefix: Option<String>,
     /// Connections in the pool, and lock calls that run at once.
     pub pool_size: usize,
-    /// Time to open a connection: TCP, TLS and the login.
-    pub connect_timeout: Duration,
-    /// Time a call may wait for its turn (a free connection).
-    pub checkout_timeout: Duration,
-    /// Time the statement may take once sent.
-    pub statement_timeout: Duration,
+    /// Milliseconds to open a connection: TCP, TLS and the login.
+    pub connect_timeout: u64,
+    /// Milliseconds a call may wait for its turn (a free connection).
+    pub checkout_timeout: u64,
+    /// Milliseconds the statement may take once sent.
+    pub statement_timeout: u64,
     pub prepare: Prepare,
 }
 
@@ -48,16 +63,42 @@ pub enum Location {
 }
 
 impl Settings {
+    /// Where the server is: a socket directory wins over a host name.
+    pub fn location(&self) -> Location {
+        match (&self.socket_dir, &self.hostname) {
+            (Some(dir), _) => Location::SocketDir(dir.clone()),
+            (None, host) => Location::Host(host.clone().unwrap_or_default()),
+        }
+    }
+
+    /// The port, or a `Config` error outside 1 to 65535.
+    pub fn port(&self) -> Result<u16> {
+        u16::try_from(self.port)
+            .ok()
+            .filter(|port| *port > 0)
+            .ok_or_else(|| Error::config("port", "must be an integer from 1 to 65535"))
+    }
+
+    /// The checkout timeout.
+    pub fn checkout(&self) -> Duration {
+        Duration::from_millis(self.checkout_timeout)
+    }
+
     /// The longest one call may take, from the moment its caller made it:
     /// waiting for its turn, opening a connection, running the statement.
     pub fn call_timeout(&self) -> Duration {
-        self.checkout_timeout + self.connect_timeout + self.statement_timeout
+        Duration::from_millis(
+            self.checkout_timeout
+                .saturating_add(self.connect_timeout)
+                .saturating_add(self.statement_timeout),
+        )
     }
 }
 
 /// How a connection uses TLS: libpq's `sslmode`, spelled as Elixir atoms.
 /// Never over a Unix socket (the server refuses it there).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
 pub enum SslMode {
     /// Plain TCP, even when the server offers TLS.
     Disable,
@@ -73,6 +114,7 @@ pub enum SslMode {
 
 /// How statements are sent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
 pub enum Prepare {
     /// Prepared once per connection, by name, then run by name: the server
     /// plans each statement once.
@@ -82,31 +124,4 @@ pub enum Prepare {
     /// that hands each transaction to another server connection (PgBouncer
     /// in transaction mode).
     Unnamed,
-}
-
-impl FromStr for SslMode {
-    type Err = Error;
-
-    fn from_str(name: &str) -> Result<Self> {
-        Ok(match name {
-            "disable" => SslMode::Disable,
-            "prefer" => SslMode::Prefer,
-            "require" => SslMode::Require,
-            "verify_ca" => SslMode::VerifyCa,
-            "verify_full" => SslMode::VerifyFull,
-            _ => return Err(Error::config("sslmode", "unknown mode")),
-        })
-    }
-}
-
-impl FromStr for Prepare {
-    type Err = Error;
-
-    fn from_str(name: &str) -> Result<Self> {
-        match name {
-            "named" => Ok(Prepare::Named),
-            "unnamed" => Ok(Prepare::Unnamed),
-            _ => Err(Error::config("prepare", "unknown mode")),
-        }
-    }
 }

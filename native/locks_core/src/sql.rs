@@ -29,7 +29,10 @@
 //!
 //! A lock is *free for ref `r`* when its ref is NULL, its `busy_since` is NULL
 //! or older than the TTL, or it is already `r`'s (taking a lock you hold again
-//! re-dates it; it never steals). `{chats}` and `{users}` stand for the two
+//! re-dates it; it never steals). That predicate, and the age comparison
+//! within it (`stale!`, the take-over predicate), are written once, as the
+//! macros below, and every statement is composed from them with `concat!`:
+//! each is still one `&'static str` constant. `{chats}` and `{users}` stand for the two
 //! table names, optionally schema-qualified; [`Statements::new`] fills every
 //! placeholder in once per pool.
 //!
@@ -48,6 +51,68 @@ pub(crate) struct Def {
     pub name: &'static str,
     pub text: &'static str,
     pub params: &'static [Type],
+}
+
+/// The take-over predicate, the one place where a lock's age is judged:
+/// `stale!` is true when the lock of row `$row` (`"c."`, `"u."` or `""`) is
+/// older than the TTL `$ttl` (an `int4` parameter) by the clock `$now`
+/// (`"{chat_now}"` or `"{user_now}"`), so another ref may take it over;
+/// `fresh!` is its exact negation for a lock that has a `busy_since` (`>=`
+/// against `<` on the same bound). Every statement that asks whether a lock
+/// may be taken over (`free!`, [`RELEASE_STALE`], [`HELD_LOCKS`]) or is still
+/// fresh ([`FRESH`], [`KEEP`]) is composed from them, so those answers can
+/// never disagree.
+macro_rules! age {
+    ($row:literal, $op:literal, $now:literal, $ttl:literal) => {
+        concat!($row, "busy_since ", $op, " ", $now, " - ", $ttl, "::int4 * interval '1 second'")
+    };
+}
+
+macro_rules! stale {
+    ($row:literal, $now:literal, $ttl:literal) => {
+        age!($row, "<", $now, $ttl)
+    };
+}
+
+macro_rules! fresh {
+    ($row:literal, $now:literal, $ttl:literal) => {
+        age!($row, ">=", $now, $ttl)
+    };
+}
+
+/// The lock of `$row` is *free for ref `$r`*: no holder, already `$r`'s
+/// (taking it again re-dates it), no `busy_since`, or `stale!`.
+#[rustfmt::skip]
+macro_rules! free {
+    ($row:literal, $r:literal, $now:literal, $ttl:literal) => {
+        concat!("(", $row, "busy_turn_ref IS NULL OR ", $row, "busy_turn_ref = ", $r, " OR ",
+                $row, "busy_since IS NULL\n    OR ", stale!($row, $now, $ttl), ")")
+    };
+}
+
+/// The `busy_since` of a lock taken or kept with a hold: `$now` dated back
+/// by `$ttl - $hold` seconds, so that a taker judging by the TTL `$ttl` may
+/// take it over `$hold` seconds from now (with `$hold = $ttl`, now).
+macro_rules! dated {
+    ($now:literal, $ttl:literal, $hold:literal) => {
+        concat!($now, " - (", $ttl, "::int4 - ", $hold, "::int4) * interval '1 second'")
+    };
+}
+
+/// The conflict arm of the user row's upsert, [`ACQUIRE`]'s and
+/// [`ACQUIRE_USER`]'s: the existing row's lock is taken (with the row's
+/// inserted values) when `free!` for `$r`, and otherwise written back
+/// unchanged, so that `RETURNING` names its current holder even when that
+/// holder's row is newer than the statement's snapshot.
+#[rustfmt::skip]
+macro_rules! take_user {
+    ($r:literal, $ttl:literal) => {
+        concat!("ON CONFLICT (user_uuid) DO UPDATE SET
+  busy_since = CASE WHEN ", free!("u.", $r, "{user_now}", $ttl), "
+    THEN EXCLUDED.busy_since ELSE u.busy_since END,
+  busy_turn_ref = CASE WHEN ", free!("u.", $r, "{user_now}", $ttl), "
+    THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END")
+    };
 }
 
 /// Takes the chat's and the user's lock for a turn, or neither.
@@ -75,39 +140,31 @@ pub(crate) struct Def {
 ///
 /// Returns one row: `acquired` (both taken) and `user_holder` (NULL when the
 /// chat was busy and the user row was never touched).
+#[rustfmt::skip]
 pub(crate) const ACQUIRE: Def = Def {
     name: "acquire",
-    text: "
+    text: concat!("
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid
-    AND (c.busy_turn_ref IS NULL OR c.busy_turn_ref = $3::text OR c.busy_since IS NULL
-         OR c.busy_since < {chat_now} - $4::int4 * interval '1 second')
+    AND ", free!("c.", "$3::text", "{chat_now}", "$4"), "
   FOR UPDATE
 ),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-  SELECT $2::uuid, {user_now} - ($4::int4 - $5::int4) * interval '1 second',
+  SELECT $2::uuid, ", dated!("{user_now}", "$4", "$5"), ",
          $3::text{fill_values} FROM chat
-  ON CONFLICT (user_uuid) DO UPDATE SET
-    busy_since = CASE
-      WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
-           OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
-      THEN EXCLUDED.busy_since ELSE u.busy_since END,
-    busy_turn_ref = CASE
-      WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $3::text OR u.busy_since IS NULL
-           OR u.busy_since < {user_now} - $4::int4 * interval '1 second'
-      THEN $3::text ELSE u.busy_turn_ref END
+  ", take_user!("$3::text", "$4"), "
   RETURNING u.busy_turn_ref AS holder
 ),
 took AS (
   UPDATE {chats} c
-  SET busy_since = {chat_now} - ($4::int4 - $5::int4) * interval '1 second', busy_turn_ref = $3::text
+  SET busy_since = ", dated!("{chat_now}", "$4", "$5"), ", busy_turn_ref = $3::text
   WHERE c.uuid = (SELECT uuid FROM chat)
     AND (SELECT holder FROM usr) = $3::text
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder",
+SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -122,21 +179,14 @@ SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user
 /// As in [`ACQUIRE`], a refused row is written back unchanged so that
 /// `RETURNING` names the current holder, even one newer than the snapshot.
 /// Returns one row: the holder.
+#[rustfmt::skip]
 pub(crate) const ACQUIRE_USER: Def = Def {
     name: "acquire_user",
-    text: "
+    text: concat!("
 INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-VALUES ($1::uuid, {user_now} - ($3::int4 - $4::int4) * interval '1 second', $2::text{fill_values})
-ON CONFLICT (user_uuid) DO UPDATE SET
-  busy_since = CASE
-    WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $2::text OR u.busy_since IS NULL
-         OR u.busy_since < {user_now} - $3::int4 * interval '1 second'
-    THEN EXCLUDED.busy_since ELSE u.busy_since END,
-  busy_turn_ref = CASE
-    WHEN u.busy_turn_ref IS NULL OR u.busy_turn_ref = $2::text OR u.busy_since IS NULL
-         OR u.busy_since < {user_now} - $3::int4 * interval '1 second'
-    THEN EXCLUDED.busy_turn_ref ELSE u.busy_turn_ref END
-RETURNING u.busy_turn_ref AS holder",
+VALUES ($1::uuid, ", dated!("{user_now}", "$3", "$4"), ", $2::text{fill_values})
+", take_user!("$2::text", "$3"), "
+RETURNING u.busy_turn_ref AS holder"),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -145,14 +195,15 @@ RETURNING u.busy_turn_ref AS holder",
 /// `$1` chat uuid, `$2` turn ref, `$3` TTL. "Fresh" is the exact negation of
 /// the take-over predicate (`busy_since < now() - ttl`): a fresh lock cannot
 /// be taken over, a lock that is not fresh can. Returns one row: the answer.
+#[rustfmt::skip]
 pub(crate) const FRESH: Def = Def {
     name: "fresh?",
-    text: "
+    text: concat!("
 SELECT EXISTS (
   SELECT 1 FROM {chats}
   WHERE uuid = $1::uuid AND busy_turn_ref = $2::text
-    AND busy_since >= {chat_now} - $3::int4 * interval '1 second'
-)",
+    AND ", fresh!("", "{chat_now}", "$3"), "
+)"),
     params: &[Type::UUID, Type::TEXT, Type::INT4],
 };
 
@@ -217,12 +268,13 @@ pub fn fence(prefix: Option<&str>) -> String {
 ///
 /// `$1` user uuid, `$2` click ref, `$3` TTL, `$4` hold. Returns a row when
 /// the click held it (`true`), none when it had been released or taken over.
+#[rustfmt::skip]
 pub(crate) const KEEP_USER: Def = Def {
     name: "keep_user",
-    text: "
-UPDATE {users} SET busy_since = {user_now} - ($3::int4 - $4::int4) * interval '1 second'
+    text: concat!("
+UPDATE {users} SET busy_since = ", dated!("{user_now}", "$3", "$4"), "
 WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text
-RETURNING 1",
+RETURNING 1"),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -241,33 +293,34 @@ RETURNING 1",
 /// row first) with the predicate re-checked on their newest versions, and
 /// the two updates run only when both rows qualified, so both are re-dated
 /// or neither. Returns one row: whether they were.
+#[rustfmt::skip]
 pub(crate) const KEEP: Def = Def {
     name: "keep",
-    text: "
+    text: concat!("
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
-    AND c.busy_since >= {chat_now} - $4::int4 * interval '1 second'
+    AND ", fresh!("c.", "{chat_now}", "$4"), "
   FOR UPDATE
 ),
 usr AS (
   SELECT u.user_uuid FROM {users} u
   WHERE u.user_uuid = $2::uuid AND u.busy_turn_ref = $3::text
-    AND u.busy_since >= {user_now} - $4::int4 * interval '1 second'
+    AND ", fresh!("u.", "{user_now}", "$4"), "
     AND EXISTS (SELECT 1 FROM chat)
   FOR UPDATE
 ),
 kept_chat AS (
-  UPDATE {chats} SET busy_since = {chat_now} - ($4::int4 - $5::int4) * interval '1 second'
+  UPDATE {chats} SET busy_since = ", dated!("{chat_now}", "$4", "$5"), "
   WHERE uuid = (SELECT uuid FROM chat) AND EXISTS (SELECT 1 FROM usr)
   RETURNING 1
 ),
 kept_user AS (
-  UPDATE {users} SET busy_since = {user_now} - ($4::int4 - $5::int4) * interval '1 second'
+  UPDATE {users} SET busy_since = ", dated!("{user_now}", "$4", "$5"), "
   WHERE user_uuid = (SELECT user_uuid FROM usr) AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)",
+SELECT EXISTS (SELECT 1 FROM kept_chat) AND EXISTS (SELECT 1 FROM kept_user)"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -299,13 +352,14 @@ WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
 /// freed row and matches nothing: exactly one sees `released = true`. The
 /// user's lock goes in the same statement, only if this call freed the chat
 /// and `$3` still holds it. Returns one row: `released`.
+#[rustfmt::skip]
 pub(crate) const RELEASE_STALE: Def = Def {
     name: "release_stale",
-    text: "
+    text: concat!("
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
   WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
-    AND busy_since < {chat_now} - $4::int4 * interval '1 second'
+    AND ", stale!("", "{chat_now}", "$4"), "
   RETURNING 1
 ),
 usr AS (
@@ -314,7 +368,7 @@ usr AS (
     AND EXISTS (SELECT 1 FROM chat)
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users",
+SELECT EXISTS (SELECT 1 FROM chat) AS released, (SELECT count(*) FROM usr) AS users"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
 };
 
@@ -332,43 +386,45 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
 /// listing for a person, not an export).
 ///
 /// `$1` the TTL to judge staleness by: `stale` is the take-over predicate
-/// (`busy_since < now() - ttl`, or no `busy_since`). `since` is microseconds
-/// since the Unix epoch (a naive `busy_since` holds UTC); `age` is seconds
-/// by the database's clock. A read: it changes nothing.
+/// (`stale!`, or no `busy_since`). `since` is microseconds since the Unix
+/// epoch (a naive `busy_since` holds UTC); `age` is seconds by the
+/// database's clock. A read: it changes nothing.
 ///
-/// A row's `busy_since` is shown (`at`) only when a caller can represent
-/// it: finite and before the year 10000 (Elixir's `DateTime` ends with
-/// 9999; PostgreSQL's begins after Elixir's does). Any other (`infinity`,
-/// `-infinity`, the year 12000) is read as no `busy_since`: `since` and
-/// `age` NULL and `stale` true, so that one bad row is listed, first, instead
-/// of failing the statement (`now() - 'infinity'` and an infinite epoch cast
-/// to `int8` raise) or its reading. Such a lock's age is unknown: `stale`
-/// then asks for a look, not that a taker would take it (one dated
-/// `-infinity` is taken, one dated `infinity` never is). The bound's zone (`+00`) is ignored against a
-/// `timestamp` column and read as UTC against a `timestamptz` one, so it
-/// is the same instant whatever the session's `TimeZone`.
+/// A row's `busy_since` is read (as `s.busy_since`) only when a caller can
+/// represent it: finite and before the year 10000 (Elixir's `DateTime` ends
+/// with 9999; PostgreSQL's begins after Elixir's does). Any other
+/// (`infinity`, `-infinity`, the year 12000) is read as no `busy_since`:
+/// `since` and `age` NULL and `stale` true, so that one bad row is listed,
+/// first, instead of failing the statement (`now() - 'infinity'` and an
+/// infinite epoch cast to `int8` raise) or its reading. Such a lock's age is
+/// unknown: `stale` then asks for a look, not that a taker would take it
+/// (one dated `-infinity` is taken, one dated `infinity` never is). The
+/// bound's zone (`+00`) is ignored against a `timestamp` column and read as
+/// UTC against a `timestamptz` one, so it is the same instant whatever the
+/// session's `TimeZone`.
+#[rustfmt::skip]
 pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
-    text: "
+    text: concat!("
 SELECT * FROM (
   SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
-         (extract(epoch FROM s.at) * 1000000)::int8 AS since,
-         extract(epoch FROM {chat_now} - s.at)::float8 AS age,
-         coalesce(s.at < {chat_now} - $1::int4 * interval '1 second', true) AS stale
+         (extract(epoch FROM s.busy_since) * 1000000)::int8 AS since,
+         extract(epoch FROM {chat_now} - s.busy_since)::float8 AS age,
+         coalesce(", stale!("s.", "{chat_now}", "$1"), ", true) AS stale
   FROM {chats}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
-    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS at) s
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
   WHERE busy_turn_ref IS NOT NULL
   UNION ALL
   SELECT 'user', user_uuid::text, busy_turn_ref::text,
-         (extract(epoch FROM s.at) * 1000000)::int8,
-         extract(epoch FROM {user_now} - s.at)::float8,
-         coalesce(s.at < {user_now} - $1::int4 * interval '1 second', true)
+         (extract(epoch FROM s.busy_since) * 1000000)::int8,
+         extract(epoch FROM {user_now} - s.busy_since)::float8,
+         coalesce(", stale!("s.", "{user_now}", "$1"), ", true)
   FROM {users}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
-    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS at) s
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
   WHERE busy_turn_ref IS NOT NULL
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
-LIMIT 1000",
+LIMIT 1000"),
     params: &[Type::INT4],
 };
 
@@ -536,16 +592,16 @@ mod tests {
         let ttl = Ttl::new(60).expect("a ttl");
         let hold = Hold::new(10, ttl).expect("a hold");
         let jobs = [
-            Job::Acquire { chat, user, turn: turn.clone(), ttl, hold },
-            Job::AcquireUser { user, click: click.clone(), ttl, hold },
-            Job::Fresh { chat, turn: turn.clone(), ttl },
-            Job::Held { chat, user, turn: turn.clone() },
-            Job::Keep { chat, user, turn: turn.clone(), ttl, hold },
-            Job::KeepUser { user, click: click.clone(), ttl, hold },
-            Job::HeldLocks { ttl },
-            Job::Release { chat, user, turn: turn.clone() },
-            Job::ReleaseStale { chat, user, turn, ttl },
-            Job::ReleaseUser { user, click },
+            Job::Acquire(chat, user, turn.clone(), ttl, hold),
+            Job::AcquireUser(user, click.clone(), ttl, hold),
+            Job::Fresh(chat, turn.clone(), ttl),
+            Job::Held(chat, user, turn.clone()),
+            Job::Keep(chat, user, turn.clone(), ttl, hold),
+            Job::KeepUser(user, click.clone(), ttl, hold),
+            Job::HeldLocks(ttl),
+            Job::Release(chat, user, turn.clone()),
+            Job::ReleaseStale(chat, user, turn, ttl),
+            Job::ReleaseUser(user, click),
         ];
         let statements = statements(None);
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();

@@ -46,26 +46,18 @@ fn every_call(prepare: Prepare) {
     insert_chat(&pool, &other_chat);
     let (ttl, hold) =
         (Ttl::new(60).expect("ttl"), Hold::new(10, Ttl::new(60).expect("ttl")).expect("hold"));
-    let full = Hold::full(ttl);
+    let full = Hold::new(60, ttl).expect("the whole TTL: locks dated now");
     let turn = TurnRef::new("smoke-turn").expect("a turn ref");
     let other = TurnRef::new("smoke-other").expect("a turn ref");
     let click = ClickRef::new("click:smoke").expect("a click ref");
 
     let run = |job: Job| pool.run(at(), &job).ok();
-    let acquire = |chat: Uuid, user: Uuid, turn: &TurnRef| Job::Acquire {
-        chat,
-        user,
-        turn: turn.clone(),
-        ttl,
-        hold: full,
-    };
-    let (held, fresh) = (
-        Job::Held { chat, user, turn: turn.clone() },
-        Job::Fresh { chat, turn: turn.clone(), ttl },
-    );
+    let acquire =
+        |chat: Uuid, user: Uuid, turn: &TurnRef| Job::Acquire(chat, user, turn.clone(), ttl, full);
+    let (held, fresh) = (Job::Held(chat, user, turn.clone()), Job::Fresh(chat, turn.clone(), ttl));
     let (acquire_user, keep_user) = (
-        Job::AcquireUser { user, click: click.clone(), ttl, hold },
-        Job::KeepUser { user, click: click.clone(), ttl, hold },
+        Job::AcquireUser(user, click.clone(), ttl, hold),
+        Job::KeepUser(user, click.clone(), ttl, hold),
     );
 
     assert_eq!(run(acquire(chat, user, &turn)), Some(Answer::Acquire(Acquire::Acquired)));
@@ -79,14 +71,14 @@ fn every_call(prepare: Prepare) {
     );
     assert_eq!(run(held.clone()), Some(Answer::Yes(true)));
     assert_eq!(run(fresh), Some(Answer::Yes(true)));
-    let keep = Job::Keep { chat, user, turn: turn.clone(), ttl, hold };
+    let keep = Job::Keep(chat, user, turn.clone(), ttl, hold);
     assert_eq!(run(keep), Some(Answer::Yes(true)));
     // Every lock of the shared database: its rows are not this test's to count.
-    assert!(matches!(run(Job::HeldLocks { ttl }), Some(Answer::Locks(_))));
-    let release_stale = Job::ReleaseStale { chat, user, turn: turn.clone(), ttl };
+    assert!(matches!(run(Job::HeldLocks(ttl)), Some(Answer::Locks(_))));
+    let release_stale = Job::ReleaseStale(chat, user, turn.clone(), ttl);
     assert_eq!(run(release_stale), Some(Answer::Yes(false)));
     assert_eq!(run(acquire_user.clone()), Some(Answer::AcquireUser(AcquireUser::TurnInFlight)));
-    let release = Job::Release { chat, user, turn: turn.clone() };
+    let release = Job::Release(chat, user, turn.clone());
     assert_eq!(run(release), Some(Answer::Done));
     assert_eq!(run(held), Some(Answer::Yes(false)));
     assert_eq!(run(acquire_user), Some(Answer::AcquireUser(AcquireUser::Acquired)));
@@ -95,7 +87,7 @@ fn every_call(prepare: Prepare) {
         Some(Answer::Acquire(Acquire::ClickInFlight))
     );
     assert_eq!(run(keep_user.clone()), Some(Answer::Yes(true)));
-    let release_user = Job::ReleaseUser { user, click: click.clone() };
+    let release_user = Job::ReleaseUser(user, click.clone());
     assert_eq!(run(release_user), Some(Answer::Done));
     assert_eq!(run(keep_user), Some(Answer::Yes(false)));
 }

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use locks_core::{Answer, Error, Job, Location, LockPool, Settings, SslMode, TurnRef, Uuid};
+use locks_core::{Answer, Error, Job, LockPool, Settings, SslMode, TurnRef, Uuid};
 
 /// The cluster's URL (no TLS parameters) and the certificates' directory.
 struct Cluster {
@@ -210,7 +210,7 @@ fn with(url: &str, mode: SslMode, ca_file: Option<String>) -> Settings {
 
 /// The same settings, reaching the server by another name.
 fn at_host(mut settings: Settings, host: &str) -> Settings {
-    settings.location = Location::Host(host.to_owned());
+    settings.hostname = Some(host.to_owned());
     settings
 }
 
@@ -220,7 +220,7 @@ fn call(settings: Settings) -> Result<bool, Error> {
     let pool = LockPool::new(settings.clone())?;
     let id = Uuid::from_bytes(&[7; 16]).expect("16 bytes");
     let turn = TurnRef::new("turn-tls").expect("a turn ref");
-    let job = Job::Held { chat: id, user: id, turn };
+    let job = Job::Held(id, id, turn);
     match pool.run(common::now(&settings), &job)? {
         Answer::Yes(held) => Ok(held),
         other => panic!("held answered {other:?}"),

@@ -2,9 +2,6 @@
 
 rustler::atoms! {
     ok, error,
-    // The lock functions, as the Elixir API names them
-    acquire, acquire_user, fresh = "fresh?", held = "held?", keep, keep_user, held_locks,
-    release, release_stale, release_user,
     // The queue's answers and messages (call.rs), and their tag
     go, wait, answer, told, phoenix_kit_agent_locks,
     // acquire/4 and acquire_user/4 refusals

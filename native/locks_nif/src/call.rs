@@ -123,7 +123,7 @@ fn leave(env: Env<'_>) -> Term<'_> {
     };
     unwatch(env, Some(waiter.monitor));
     match global::current() {
-        Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout_timeout)),
+        Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout())),
         Err(err) => exception(err),
     }
     .encode(env)
@@ -151,13 +151,13 @@ fn run<'a>(
     // caller is to wait, else with the slot, or taken back from the slot
     // handed to it. From the slot on, every way out frees it.
     let mut bad = None;
-    let wait_in_line = || match job(function, args) {
+    let wait_in_line = || match job(env, function, args) {
         Ok(job) => Waiter::new(env, start, job),
         Err(err) => bad.replace(err).and(None),
     };
     let (mut slot, job) = match QUEUE.start(env.pid(), wait_in_line) {
         Start::Run(Some(waiter)) => (Slot::started(env, Some(waiter.monitor)), waiter.job),
-        Start::Run(None) => (Slot::started(env, None), job(function, args)?),
+        Start::Run(None) => (Slot::started(env, None), job(env, function, args)?),
         Start::Wait => return bad.map_or_else(|| wait(env, start), Err),
     };
     let pool = global::current().map_err(raise)?;
@@ -181,7 +181,7 @@ fn enter<'a>(
     args: Term<'a>,
 ) -> NifResult<Term<'a>> {
     let start: i64 = start.decode()?;
-    let job = job(function, args)?;
+    let job = job(env, function, args)?;
     if QUEUE.enter(env.pid(), || Waiter::new(env, start, job)) {
         Ok(atoms::go().encode(env))
     } else {
@@ -194,7 +194,7 @@ fn enter<'a>(
 /// as now (as for the statement's deadline); `{:wait, 0}` with no pool (it
 /// closed as the caller came), whose `leave/0` then raises `:not_started`.
 fn wait(env: Env<'_>, start: i64) -> NifResult<Term<'_>> {
-    let checkout = global::current().map_or(Duration::ZERO, |p| p.settings().checkout_timeout);
+    let checkout = global::current().map_or(Duration::ZERO, |p| p.settings().checkout());
     let checkout_ns = i64::try_from(checkout.as_nanos()).unwrap_or(i64::MAX);
     let left = start.saturating_add(checkout_ns).saturating_sub(now_ns()).clamp(0, checkout_ns);
     Ok((atoms::wait(), left.saturating_add(999_999) / 1_000_000).encode(env))

@@ -42,7 +42,7 @@ fn repo_fence_sql() -> NifResult<String> {
 /// again) or `{:run, sql, params}` (run it, give its rows to `repo_answer/3`).
 #[rustler::nif]
 fn repo_step<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    let step = current()?.step(&job(function, args)?).map_err(raise)?;
+    let step = current()?.step(&job(env, function, args)?).map_err(raise)?;
     let (tag, Query { text, params }) = match step {
         Step::Columns(query) => (atoms::columns(), query),
         Step::Run(query) => (atoms::run(), query),
@@ -65,7 +65,8 @@ fn repo_answer<'a>(
     arguments: Term<'a>,
     rows: Vec<Vec<Term<'a>>>,
 ) -> NifResult<Term<'a>> {
-    let answer = current()?.answer(&job(function, arguments)?, &values(rows)).map_err(raise)?;
+    let answer =
+        current()?.answer(&job(env, function, arguments)?, &values(rows)).map_err(raise)?;
     Ok(encode(env, &answer))
 }
 

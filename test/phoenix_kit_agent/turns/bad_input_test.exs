@@ -6,8 +6,8 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
   #     but what it documents, and changes no row; valid values at the limits
   #     are taken;
   #   * the NIF alone (a caller that skips the Elixir module) refuses every
-  #     term it cannot use with ArgumentError, never a panic, never a
-  #     statement sent (the documented limits and their wording are the Elixir
+  #     term the API refuses, by the same rules and limits, with ArgumentError,
+  #     never a panic, never a statement sent (the wording is the Elixir
   #     module's);
   #   * thousands of generated bad arguments (seeded, Robust.Junk) through
   #     both run no SQL, on a node and a database of their own;
@@ -17,9 +17,6 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
   alias PhoenixKitAgent.Turns.Locks.Robust.{Junk, Node, Pg, Race}
 
   @moduletag :robustness
-
-  # Only the Elixir module refuses these: the NIF can run them.
-  @limits_only ["256 bytes", "256 bytes in 128 characters", "above ten years"]
 
   # Calls fun(args) through the API or the NIF alone and asserts it raised
   # ArgumentError; the API's message names the argument.
@@ -34,8 +31,8 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
       end
   end
 
-  # The API refuses any value but what it documents; the NIF alone (a caller
-  # that skips the API) every term it cannot use: not the API's limits.
+  # The API refuses any value but what it documents, and so does the NIF
+  # alone (a caller that skips the API): the rules are one.
   for {caller, title} <- [api: "the API:", nif: "the NIF alone: Native.run/4 of"],
       {fun, arguments} <- arguments() do
     describe "#{title} #{fun}/#{length(arguments)}" do
@@ -44,8 +41,7 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
           {args, ids} = call_that_would_write(unquote(fun))
           before = rows(ids)
 
-          for {what, bad} <- invalid(unquote(kind)),
-              unquote(caller) == :api or what not in @limits_only do
+          for {what, bad} <- invalid(unquote(kind)) do
             args = List.replace_at(args, unquote(position), bad)
             assert_refused(unquote(caller), unquote(fun), args, unquote(name), what)
           end

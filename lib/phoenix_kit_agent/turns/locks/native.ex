@@ -21,7 +21,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
     case loaded do
       # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
       :ok ->
-        :persistent_term.put({__MODULE__, :click_prefix}, click_prefix())
+        :persistent_term.put({__MODULE__, :rules}, rules())
         :persistent_term.put({__MODULE__, :full}, :atomics.new(1, []))
 
       {:error, {:upgrade, _}} ->
@@ -37,7 +37,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def start(_config), do: :erlang.nif_error(not_loaded())
   def stop, do: :erlang.nif_error(not_loaded())
   def loaded, do: false
-  def click_prefix, do: :erlang.nif_error(not_loaded())
+  def rules, do: :erlang.nif_error(not_loaded())
   def ddl(_kind, _prefix), do: :erlang.nif_error(not_loaded())
   def setup(_kind), do: :erlang.nif_error(not_loaded())
   # Locks.transaction/4's fence, for the pool's tables and for the repo mode's.
@@ -50,6 +50,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def enter(_start, _function, _args), do: :erlang.nif_error(not_loaded())
   def leave, do: :erlang.nif_error(not_loaded())
   def status, do: :erlang.nif_error(not_loaded())
+  def functions, do: :erlang.nif_error(not_loaded())
 
   # testing: :sandbox (native/locks_nif/src/repo.rs, run by Locks.Sandbox).
   def repo_start(_prefix), do: :erlang.nif_error(not_loaded())

@@ -2,9 +2,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @moduledoc false
   # Each lock call, counted for Locks.status/0 (lock-free :counters) and, when
   # the host has :telemetry, a span of events (the README's "Observability").
+  # The functions counted are the native side's lock functions (Native.functions/0).
 
-  @functions ~w(acquire acquire_user fresh? held? keep keep_user
-                release release_stale release_user held_locks)a
+  alias PhoenixKitAgent.Turns.Locks.Native
+
   @outcomes ~w(ok true false conversation_busy turn_in_flight click_in_flight connect pool_timeout
                timeout disconnected statement config not_started nif_not_loaded other)a
   # Bucket i holds the calls that took less than 2^i µs (the last: the rest).
@@ -14,13 +15,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @counters {__MODULE__, :counters}
   @telemetry {__MODULE__, :telemetry}
 
-  def setup do
-    unless :persistent_term.get(@counters, nil) do
-      counters = :counters.new(length(@functions) * @per_function, [:write_concurrency])
-      :persistent_term.put(@counters, counters)
-    end
+  def setup, do: :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
 
-    :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
+  # The counters and each function's place in them, made once per VM by the
+  # first call counted (one maker at a time): the NIF is loaded by then, or
+  # there is nothing to count (every call raises :nif_not_loaded). Not at
+  # setup: a VM that loads modules on first use loads Native at the first call.
+  defp counters do
+    with nil <- :persistent_term.get(@counters, nil) do
+      :global.trans({@counters, self()}, &make_counters/0, [node()])
+    end
+  end
+
+  defp make_counters do
+    with nil <- :persistent_term.get(@counters, nil),
+         [_ | _] = functions <- functions() do
+      index = Map.new(Enum.with_index(functions))
+      counters = {:counters.new(map_size(index) * @per_function, [:write_concurrency]), index}
+      :persistent_term.put(@counters, counters)
+      counters
+    end
   end
 
   # A span by :telemetry.span/3's convention: the :start metadata (the
@@ -66,6 +80,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   defp telemetry?, do: :persistent_term.get(@telemetry, false)
 
+  defp functions do
+    Native.functions()
+  rescue
+    _not_loaded -> []
+  end
+
   defp measures(duration), do: %{duration: duration, monotonic_time: System.monotonic_time()}
 
   # A handler that raises, or a :telemetry application that is not started,
@@ -86,8 +106,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp count(function, start, outcome) do
     duration = System.monotonic_time() - System.convert_time_unit(start, :nanosecond, :native)
 
-    with counters when counters != nil <- :persistent_term.get(@counters, nil) do
-      base = index(function) * @per_function
+    with {counters, %{^function => i}} <- counters() do
+      base = i * @per_function
       :counters.add(counters, base + Enum.find_index(@outcomes, &(&1 == outcome)) + 1, 1)
       us = System.convert_time_unit(duration, :native, :microsecond)
       bucket = min(bit_length(us), @buckets - 1)
@@ -100,15 +120,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp bit_length(0), do: 0
   defp bit_length(n), do: bit_length(Bitwise.bsr(n, 1)) + 1
 
-  for {function, i} <- Enum.with_index(@functions),
-      do: defp(index(unquote(function)), do: unquote(i))
-
   @doc "The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far."
   def counts do
-    counters = :persistent_term.get(@counters, nil)
+    {counters, index} = :persistent_term.get(@counters, {nil, %{}})
 
-    for {function, i} <- Enum.with_index(@functions),
-        counters != nil,
+    for {function, i} <- index,
         read = for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
         {outcomes, buckets} = Enum.split(read, length(@outcomes)),
         Enum.sum(outcomes) > 0,

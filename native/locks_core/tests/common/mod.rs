@@ -4,9 +4,9 @@
 
 #![allow(dead_code)]
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use locks_core::{Deadline, Location, Prepare, Settings, SslMode};
+use locks_core::{Deadline, Prepare, Settings, SslMode};
 
 /// Settings for `url`, with short timeouts and two connections.
 pub fn settings(url: &str) -> Settings {
@@ -17,7 +17,8 @@ pub fn settings(url: &str) -> Settings {
     let (hostport, database) = rest.split_once('/').expect("host/database");
     let (host, port) = hostport.split_once(':').expect("host:port");
     Settings {
-        location: Location::Host(host.to_owned()),
+        hostname: Some(host.to_owned()),
+        socket_dir: None,
         port: port.parse().expect("a port"),
         username: username.to_owned(),
         password: Some(password.to_owned()),
@@ -27,9 +28,9 @@ pub fn settings(url: &str) -> Settings {
         application_name: "locks_core_tests".to_owned(),
         prefix: None,
         pool_size: 2,
-        connect_timeout: Duration::from_secs(5),
-        checkout_timeout: Duration::from_secs(5),
-        statement_timeout: Duration::from_secs(5),
+        connect_timeout: 5_000,
+        checkout_timeout: 5_000,
+        statement_timeout: 5_000,
         prepare: Prepare::Named,
     }
 }
