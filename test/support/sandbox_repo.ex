@@ -43,6 +43,10 @@ defmodule PhoenixKitAgent.Turns.Locks.SandboxRepo do
   @doc "The calling process's connection, in a new transaction."
   def checkout do
     session = TestDB.session!()
+    # Ended by checkin/1 alone (from the test's on_exit), not with the test
+    # process: ExUnit ends that before on_exit runs, and a linked session
+    # could die under the ROLLBACK (seen on Elixir 1.18).
+    Process.unlink(session)
     # SQLSTATEs in error messages (`ERROR:  42P01: …`).
     [] = TestDB.query!("\\set VERBOSITY verbose\nBEGIN", session)
     owner = self()
