@@ -327,7 +327,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
       {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
       {:error, :lost} = Locks.transaction(Repo, {chat, user, "turn-1"}, fn -> … end)
   """
-  @spec transaction(module(), turn(), (() -> result) | (module() -> result), keyword()) ::
+  # `fun` of any arity in the spec: `(-> result)` is written differently by
+  # Elixir 1.14's formatter and 1.18's, and the guard takes 0 or 1 alone.
+  @spec transaction(module(), turn(), (... -> result), keyword()) ::
           {:ok, result} | {:error, :lost | term()}
         when result: term()
   def transaction(repo, turn, fun, opts \\ [])
