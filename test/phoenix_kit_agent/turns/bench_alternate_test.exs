@@ -12,11 +12,16 @@ defmodule PhoenixKitAgent.Turns.BenchAlternateTest do
   @moduletag :slow
   @moduletag timeout: 180_000
 
-  @tag :tmp_dir
-  test "without Postgrex, --alternate runs the library and pgbench 5 times a point and reports medians and ranges",
-       %{tmp_dir: dir} do
+  test "without Postgrex, --alternate runs the library and pgbench 5 times a point and reports medians and ranges" do
     refute Code.ensure_loaded?(Postgrex)
-    out = Path.join(dir, "alternate.md")
+
+    out =
+      Path.join(
+        System.tmp_dir!(),
+        "locks_bench_alternate_#{System.unique_integer([:positive])}.md"
+      )
+
+    on_exit(fn -> File.rm(out) end)
 
     args =
       ~w(--peer postgrex --alternate 5 --workloads cycle --cycle-callers 1 --duration 1 --warmup 100 --out) ++
