@@ -106,7 +106,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   @doc """
   Runs the benchmark. `opts`: `:duration` (s), `:warmup` (ms), `:workloads`
   (names), `:runs`, `:out` (markdown path), `:cycle_callers` (list),
-  `:pool_size` (nil: the configured one), `:peer` (`nil` or `:postgrex`).
+  `:pool_size` (nil: the configured one), `:peer` (`nil` or `:postgrex`),
+  `:alternate` (`nil`, or the runs a point of the alternated mode).
   """
   @spec run(keyword()) :: {:ok, String.t()} | {:error, String.t()}
   def run(opts) do
@@ -158,13 +159,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     overhead = if "overhead" in ctx.workloads, do: overhead(ctx)
 
-    runs =
-      for run <- 1..ctx.runs do
-        info("run #{run}/#{ctx.runs}")
-        for spec <- cases(ctx), do: run_case(ctx, spec, order(ctx, run))
+    report =
+      if ctx.alternate do
+        alternated_report(ctx, alternated(ctx), statements, overhead)
+      else
+        runs =
+          for run <- 1..ctx.runs do
+            info("run #{run}/#{ctx.runs}")
+            for spec <- cases(ctx), do: run_case(ctx, spec, order(ctx, run))
+          end
+
+        report(ctx, runs, statements, overhead)
       end
 
-    report = report(ctx, runs, statements, overhead)
     IO.puts(report)
     File.mkdir_p!(Path.dirname(ctx.out))
     File.write!(ctx.out, report)
@@ -201,6 +208,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       workloads: opts[:workloads],
       cycle_callers: opts[:cycle_callers],
       order: opts[:order] || 0,
+      alternate: opts[:alternate],
       pgbench: pgbench,
       shell: System.find_executable("bash"),
       tmp: tmp,
@@ -224,10 +232,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     ctx =
       ctx
       |> Map.put(:server, psql!(ctx, ["SHOW server_version"]) |> hd() |> hd())
+      |> Map.put(:settings, settings(ctx))
       |> Map.put(:postmaster, postmaster(ctx))
       |> Map.put(:stmts, statement_texts(ctx))
 
     Map.put(ctx, :peer, peer(ctx, opts[:peer]))
+  end
+
+  # What makes a commit durable, and so what a write costs: a production
+  # server has all three on; the private cluster of scripts/pg all off.
+  defp settings(ctx) do
+    names = ~w(fsync synchronous_commit full_page_writes)
+    values = psql!(ctx, Enum.map(names, &"SHOW #{&1}"))
+    Enum.zip(names, Enum.map(values, &hd/1))
   end
 
   # The server's postmaster when it runs on this machine (its CPU time is
@@ -572,6 +589,151 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     Map.merge(spec, results)
     |> Map.put(:reference, reference)
     |> Map.drop([:op, :peer, :before, :script])
+  end
+
+  ## Alternated runs (`--alternate`)
+
+  # Each point `ctx.alternate` times in a row: the library, Postgrex (when
+  # loaded), then pgbench, so that the library and Postgrex alternate and
+  # each library run has its Postgrex run beside it, a pair whose ratio is
+  # taken. The cycle's BEGIN … COMMIT reference is not what this mode
+  # compares: it is left out. `[{spec, runs}]`, one per point.
+  defp alternated(ctx) do
+    sides = if ctx.peer, do: [:library, :postgrex, :pgbench], else: [:library, :pgbench]
+
+    for spec <- cases(ctx) do
+      spec = Map.delete(spec, :reference)
+
+      runs =
+        for run <- 1..ctx.alternate do
+          info("#{spec.id} ×#{spec.callers}: run #{run}/#{ctx.alternate}")
+          run_case(ctx, spec, sides)
+        end
+
+      {spec, runs}
+    end
+  end
+
+  defp alternated_report(ctx, points, statements, overhead) do
+    n = ctx.alternate
+    settings = Enum.map_join(ctx.settings, " · ", fn {name, value} -> "#{name} #{value}" end)
+    load_before = ctx.loadavg_start |> String.split() |> hd()
+    load_after = loadavg() |> String.split() |> hd()
+
+    peer =
+      if ctx.peer do
+        "Postgrex #{vsn(:postgrex)} (DBConnection #{vsn(:db_connection)}): the same " <>
+          "statements prepared once, `Postgrex.execute/4` from the same N processes, " <>
+          "a pool of the same size."
+      else
+        "Postgrex: absent (not loaded in this VM; run the bench from a host app that " <>
+          "has it, see `mix help locks.bench`): the library and pgbench only, no ratios."
+      end
+
+    sides = if ctx.peer, do: [:library, :postgrex, :pgbench], else: [:library, :pgbench]
+
+    rows =
+      for {spec, runs} <- points, side <- sides do
+        values = Enum.map(runs, & &1[side])
+        ops = Enum.map(values, & &1.ops)
+        # pgbench is another process: the VM's CPU is not its.
+        cpu = if side == :pgbench, do: [], else: Enum.map(values, & &1[:cpu_call])
+
+        "| #{spec.id} | #{spec.callers} | #{spec.unit} | #{side_name(side)} | #{length(runs)} " <>
+          "| #{fmt(med(ops))} | #{range(ops, 0)} | #{fmt(med(cpu), 1)} | #{range(cpu, 1)} |"
+      end
+
+    ratios =
+      for {spec, runs} <- points, ctx.peer do
+        ops = Enum.map(runs, &(&1.library.ops / &1.postgrex.ops))
+        cpu = Enum.map(runs, &cpu_ratio(&1.library.cpu_call, &1.postgrex.cpu_call))
+
+        "| #{spec.id} | #{spec.callers} | #{length(runs)} | #{fmt(med(ops), 2)} | #{range(ops, 2)} " <>
+          "| #{fmt(med(cpu), 2)} | #{range(cpu, 2)} |"
+      end
+
+    ratio_section =
+      if ctx.peer do
+        """
+        ## Library ÷ Postgrex, pair by pair
+
+        | workload | callers | pairs | throughput ratio median | throughput ratio range | CPU ratio median | CPU ratio range |
+        |---|--:|--:|--:|--:|--:|--:|
+        #{Enum.join(ratios, "\n")}
+        """
+      else
+        "## Library ÷ Postgrex\n\nNo ratios: Postgrex is absent.\n"
+      end
+
+    report = """
+    # phoenix_kit_agent_locks: alternated runs
+
+    #{ctx.started} · commit #{commit()} · #{n} runs a point, #{ctx.duration} s each, \
+    #{ctx.warmup_ms} ms of warm-up before each library and Postgrex run · pool_size #{pool_size(ctx)}
+
+    server: PostgreSQL #{ctx.server} · #{settings}
+
+    machine: #{System.schedulers_online()} schedulers online · \
+    #{:erlang.system_info(:logical_processors)} logical processors · \
+    #{:erlang.system_info(:dirty_io_schedulers)} dirty-I/O schedulers · \
+    OTP #{:erlang.system_info(:otp_release)} · load average (1 min) #{load_before} before the run, \
+    #{load_after} after
+
+    #{peer}
+
+    Each point is run #{n} times in a row, each time in this order: \
+    #{Enum.map_join(sides, ", ", &side_name/1)}; \
+    every side from the same state (locks freed, tables vacuumed). Throughput: ops/s, an op \
+    being the unit in the table. CPU: the VM's (every BEAM thread's utime + stime from \
+    /proc/self/task/*/stat over the timed part, #{CPU.hz()} ticks a second) per statement; \
+    the server's is not in it. Median, and range (min–max), over the runs; the ratios are \
+    taken pair by pair (a library run and the Postgrex run after it), then their median and \
+    range.
+
+    ## Each side
+
+    | workload | callers | op | side | runs | ops/s median | ops/s range | VM CPU µs/statement median | VM CPU µs/statement range |
+    |---|--:|---|---|--:|--:|--:|--:|--:|
+    #{Enum.join(rows, "\n")}
+
+    #{ratio_section}
+    """
+
+    Enum.join([report] ++ statements_section(statements) ++ overhead_section(overhead), "\n")
+  end
+
+  defp side_name(:library), do: "library"
+  defp side_name(:postgrex), do: "Postgrex"
+  defp side_name(:pgbench), do: "pgbench"
+
+  # "min–max" of a list of figures.
+  defp range(values, decimals) do
+    case Enum.reject(values, &is_nil/1) do
+      [] -> "–"
+      vs -> "#{fmt(Enum.min(vs), decimals)}–#{fmt(Enum.max(vs), decimals)}"
+    end
+  end
+
+  defp vsn(app) do
+    case Application.spec(app, :vsn) do
+      nil -> "(version unknown)"
+      vsn -> to_string(vsn)
+    end
+  end
+
+  # The library's commit, when its source is a git checkout (this project,
+  # or a host's path dependency); `-dirty` when it has uncommitted changes.
+  @root Path.expand("..", __DIR__)
+  defp commit do
+    with git when is_binary(git) <- System.find_executable("git"),
+         {out, 0} <-
+           System.cmd(git, ["-C", @root, "describe", "--always", "--dirty", "--abbrev=10"],
+             stderr_to_stdout: true
+           ) do
+      String.trim(out)
+    else
+      _ -> "unknown"
+    end
   end
 
   ## The library side

@@ -46,7 +46,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Peer do
   def check(other),
     do: {:error, "unknown peer #{inspect(other)}; known: #{Enum.join(@peers, ", ")}"}
 
-  defp loaded?,
+  @doc "Whether Postgrex is loaded in this VM."
+  @spec loaded?() :: boolean()
+  def loaded?,
     do: Code.ensure_loaded?(Postgrex) and function_exported?(Postgrex, :execute, 4)
 
   @doc """

@@ -14,6 +14,7 @@ defmodule Mix.Tasks.Locks.Bench do
       mix locks.bench --quick --workloads cycle,reads
       mix locks.bench --workloads cycle --cycle-callers 50 --pool-size 6
       mix locks.bench --peer postgrex --workloads cycle,reads --runs 5
+      mix locks.bench --peer postgrex --alternate 5 --workloads cycle,reads --cycle-callers 10,50
 
   With `--peer postgrex` the same statements also run through Postgrex
   (statements prepared once, `Postgrex.execute/4` from the same N
@@ -24,6 +25,25 @@ defmodule Mix.Tasks.Locks.Bench do
   app that has it, with this library as a dependency compiled in :dev
   (`{:phoenix_kit_agent_locks, path: "…", env: :dev}`); without it the task
   says so and measures nothing.
+
+  ## Alternated runs (`--alternate N`)
+
+  The mode whose figures `bench/README.md` quotes. Each point (a workload
+  at a number of callers) is run `N` times in a row (at least 5), each time
+  the library, then Postgrex, then pgbench, so the library and Postgrex
+  alternate (library, Postgrex, library, …) and each library run has its
+  Postgrex run beside it, a pair. The report gives, per point, the median
+  and the range (min–max) of each side's throughput and of the VM's CPU
+  per statement, the median and the range of the per-pair ratios library ÷
+  Postgrex, the server's `fsync`, `synchronous_commit` and
+  `full_page_writes`, the commit, and the machine (cores, the 1-minute
+  load average before the run). The cycle's `BEGIN … COMMIT ×2` reference
+  is left out, and `--runs` does not apply.
+
+  Postgrex is used when it is loaded (`--peer postgrex` is then implied);
+  without it the mode runs the library and pgbench alone and the report
+  says that Postgrex is absent, so the same command works in this project
+  and from a host app.
 
   The task is the project's own: it lives in `bench/`, compiled in `:dev`
   and `:test` only, never into a host's release.
@@ -82,6 +102,8 @@ defmodule Mix.Tasks.Locks.Bench do
       configuration's (dirty-I/O schedulers − 2 unless set).
     * `--peer` - `postgrex`: also run the statements through Postgrex (see
       above).
+    * `--alternate` - the alternated mode (above), with this many runs a
+      point; at least 5.
     * `--order` - shifts which side goes first in each run (they take
       turns), for runs alternated across invocations. Defaults to 0.
     * `--quick` - 1 second per run and 300 ms of warm-up, for a smoke run.
@@ -102,6 +124,7 @@ defmodule Mix.Tasks.Locks.Bench do
     cycle_callers: :string,
     pool_size: :integer,
     peer: :string,
+    alternate: :integer,
     order: :integer,
     quick: :boolean,
     out: :string
@@ -125,10 +148,19 @@ defmodule Mix.Tasks.Locks.Bench do
 
     pool_size = if opts[:pool_size], do: pool_size(opts[:pool_size])
 
+    alternate = alternate(opts[:alternate])
+
     peer =
-      case Peer.check(opts[:peer]) do
-        {:ok, peer} -> peer
-        {:error, message} -> Mix.raise("locks.bench: --peer: " <> message)
+      case {alternate, opts[:peer]} do
+        # The alternated mode runs without Postgrex too, and says so.
+        {n, peer} when is_integer(n) and peer in [nil, "postgrex"] ->
+          if Peer.loaded?(), do: :postgrex
+
+        {_, peer} ->
+          case Peer.check(peer) do
+            {:ok, peer} -> peer
+            {:error, message} -> Mix.raise("locks.bench: --peer: " <> message)
+          end
       end
 
     opts = [
@@ -139,6 +171,7 @@ defmodule Mix.Tasks.Locks.Bench do
       cycle_callers: opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&caller_count/1),
       pool_size: pool_size,
       peer: peer,
+      alternate: alternate,
       order: opts[:order] || 0,
       out: opts[:out] || "bench/results.md"
     ]
@@ -157,6 +190,12 @@ defmodule Mix.Tasks.Locks.Bench do
   rescue
     e in PhoenixKitAgent.Turns.Locks.Error -> Mix.raise("locks.bench: " <> Exception.message(e))
   end
+
+  defp alternate(nil), do: nil
+  defp alternate(n) when n >= 5, do: n
+
+  defp alternate(n),
+    do: Mix.raise("locks.bench: --alternate takes at least 5 runs a point, got #{n}")
 
   defp list(nil, default), do: default
   defp list(text, _default), do: text |> String.split(",", trim: true) |> Enum.map(&String.trim/1)

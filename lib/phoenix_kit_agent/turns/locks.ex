@@ -536,7 +536,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   # A binary pattern, not a regex: this runs on every call. The uuid's 16 bytes
   # are made as one integer, a binary on the caller's heap (Base.decode16/2
-  # makes an off-heap one, about 20 µs of CPU a call on the dirty scheduler).
+  # makes an off-heap one, which the dirty scheduler must shrink and the VM
+  # free across threads).
   # The first digit is checked because String.to_integer/2 would take a sign.
   defp uuid!(
          name,

@@ -52,9 +52,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// before it hands its slot on: each makes its own caller's answer wait one
 /// more statement (8 bounds that to about a full line's wait at the default
 /// pool of 8), and saves the caller it runs a dirty-I/O call (its one
-/// wake-up brings the answer, not a slot). At 50 callers on 8 slots, 8 took
-/// half (cycle) and 43 % (reads) off the VM's CPU per statement, against
-/// handing every waiter its slot; 4 and 1 less (`bench/issue20-shapes.md`).
+/// wake-up brings the answer, not a slot). Whether it pays is measured by
+/// `mix locks.bench --alternate` at 50 callers (`bench/README.md`).
 pub const RUN_NEXT: usize = 8;
 
 /// What [`Queue::start`] gives a caller.

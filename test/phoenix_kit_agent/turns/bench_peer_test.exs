@@ -1,7 +1,7 @@
 defmodule PhoenixKitAgent.Turns.BenchPeerTest do
   # `mix locks.bench --peer postgrex` in this project, which has no Postgrex:
   # the task says how to get the comparison (from a host app) and measures
-  # nothing. With Postgrex (a host app) it is run by hand: bench/issue20-shapes.md.
+  # nothing. With Postgrex (a host app) it is run by hand: bench/README.md.
   use ExUnit.Case, async: true
 
   alias PhoenixKitAgent.Turns.Locks.Bench.Peer
