@@ -56,7 +56,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.TurnLeaseTest do
     String.to_integer(n)
   end
 
-  # Waits for every lock on them to be released: the keepers and watchers
+  # Waits for every lock on them to be released: the keepers
   # release right after a turn ends, or retry within the lease. The count
   # left after the lease and a margin.
   defp held_after_lease(chats, users) do
