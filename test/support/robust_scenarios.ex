@@ -339,13 +339,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   @moduledoc false
   # Callers in the queue's line, in a child node: `start/1` starts each call
   # in a process of its own, one after the other, and returns once the first
-  # runs and every other one waits in line, in the order given (so the test
-  # knows the order the slots are handed in); `answers/1` collects, for
+  # runs its NIF call and every other one waits in line, in the order given
+  # (so the test knows the order the slots are handed in); `answers/1` collects, for
   # each, `{answer, ended, mailbox}`: `Race.attempt/2`'s value, when the call
   # returned (monotonic, microseconds) and what was left in the caller's
   # mailbox. Any caller can be killed (`kill/1`): its answer is then
-  # `:killed`. `hold_slot/0` waits in line for a slot (with `Native.run/3`,
-  # as `Locks.call/3` does), and never starts one it is handed.
+  # `:killed`. `take_slot/0` takes a slot, or waits in line for one (by
+  # `Native.take/1`, as `Locks.call/3` does), and never starts it.
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
@@ -353,8 +353,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
   def start([first | queued]) do
     collector = self_collector()
-    call(collector, 0, first)
-    :ok = Faults.until(fn -> Locks.status().pool.running == 1 end, 10_000)
+    first = call(collector, 0, first)
+    # Its statement sent: it runs on a dirty-I/O scheduler, not just holds a slot.
+    running = {:current_function, {Locks.Native, :run, 3}}
+    :ok = Faults.until(fn -> Process.info(first, :current_function) == running end, 10_000)
 
     for {call, i} <- Enum.with_index(queued, 1) do
       call(collector, i, call)
@@ -368,19 +370,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     Process.exit(Process.whereis(name(i)), :kill)
     send(__MODULE__, {:answer, i, {:killed, System.monotonic_time(:microsecond), []}})
     :ok
-  end
-
-  # `enter_slot/0` is handed a free slot by `Native.enter/3` (the way of a
-  # caller that saw the queue full) and never starts it.
-  def enter_slot, do: park(fn stamp -> :go = Locks.Native.enter(stamp, :held?, held_args()) end)
-
-  # Sets the hint that the queue is full, as a `{:wait, ms}` answer does;
-  # the hint after one `held?/3` call.
-  def full_then_call(chat, user) do
-    full = :persistent_term.get({Locks.Native, :full})
-    :atomics.put(full, 1, 1)
-    answer = Locks.held?(chat, user, "t")
-    {answer, :atomics.get(full, 1)}
   end
 
   # A call stamped far in the future (by `Locks.call/3` itself), while the
@@ -397,25 +386,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     {raised, Process.info(self(), :messages)}
   end
 
-  def hold_slot,
-    do: park(fn stamp -> {:wait, _ms} = Locks.Native.run(stamp, :held?, held_args()) end)
-
-  defp held_args, do: [<<1::128>>, <<2::128>>, "parked"]
-
-  # A process that makes the first NIF call of a lock call (`first`, given a
-  # fresh stamp) and never the next: its pid, once that call has answered.
-  defp park(first) do
+  def take_slot do
     me = self()
 
     pid =
       spawn(fn ->
-        first.(System.monotonic_time(:nanosecond))
-        send(me, {:parked, self()})
+        Locks.Native.take(System.monotonic_time(:nanosecond))
+        send(me, {:taken, self()})
         Process.sleep(:infinity)
       end)
 
     receive do
-      {:parked, ^pid} -> pid
+      {:taken, ^pid} -> pid
     end
   end
 
@@ -457,33 +439,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
       {:answers, from, n} -> collect(answers, {from, n})
       {:count, from} -> send(from, {:count, map_size(answers)}) && collect(answers, asker)
     end
-  end
-
-  # From now on, records whether caller `i` calls `Native.leave/0` (its
-  # checkout deadline passed); `until_left/0` waits (10 s at most) until it has.
-  def watch_leave(i) do
-    watcher = spawn(fn -> leave_watch(false) end)
-    Process.register(watcher, Module.concat(__MODULE__, LeaveWatch))
-    :erlang.trace_pattern({Locks.Native, :leave, 0}, true, [:global])
-    1 = :erlang.trace(Process.whereis(name(i)), true, [:call, {:tracer, watcher}])
-    :ok
-  end
-
-  defp leave_watch(left) do
-    receive do
-      {:trace, _, :call, {Locks.Native, :leave, []}} -> leave_watch(true)
-      {:left?, from} -> send(from, {:left?, left}) && leave_watch(left)
-    end
-  end
-
-  def until_left do
-    Faults.until(
-      fn ->
-        send(Module.concat(__MODULE__, LeaveWatch), {:left?, self()})
-        receive do: ({:left?, left} -> left)
-      end,
-      10_000
-    )
   end
 
   defp name(i), do: Module.concat(__MODULE__, "Caller#{i}")

@@ -5,8 +5,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   #
   # `run/1`: callers, each on a chat and a user of its own, take both locks
   # and release them, while a killer kills callers at random (some right as
-  # their `:go` or their answer from the line arrives, seen by tracing their
-  # receives) and the application
+  # their `:go` arrives, seen by tracing their receives) and the application
   # is stopped and started again at random. Every caller that survives
   # reports its outcome, then waits until the storm has settled and reports
   # what is left in its mailbox.
@@ -14,8 +13,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   # `killed_in_run/1`: long-lived callers loop on held?/3 (a 1 ms checkout:
   # slots are often handed at a waiter's deadline) while a killer kills every
   # caller it finds inside run/3 and starts another: the end of each such
-  # call hands the slot on, or answers the calls it runs from the line, from
-  # a dead process (by call.rs's mail thread).
+  # call hands the slot on from a dead process (its go sent by a thread of
+  # its own, call.rs's `go/1`).
   # Counts each outcome and every message a caller finds after a call.
   #
   # `stale/1`: callers whose checkout deadline has already passed when they
@@ -30,18 +29,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   def run(opts) do
     calls = Keyword.fetch!(opts, :calls)
     kills = Keyword.get(opts, :kills, 0)
-    kill_on_answer = Keyword.get(opts, :kill_on_answer, 0.0)
     cycles = Keyword.get(opts, :cycles, 0)
     spread_ms = Keyword.get(opts, :spread_ms, 2_000)
     me = self()
 
-    tracer = spawn(fn -> tracer(kill_on_answer) end)
+    tracer = spawn(fn -> tracer(0) end)
 
     callers =
       for {{chat, user, ref}, i} <- Enum.with_index(calls) do
         pid = spawn(fn -> caller(me, i, chat, user, ref) end)
         Process.monitor(pid)
-        # Every third caller is watched for its :go and its answer.
+        # Every third caller is watched for its :go.
         if rem(i, 3) == 0, do: :erlang.trace(pid, true, [:receive, {:tracer, tracer}])
         {i, pid}
       end
@@ -158,23 +156,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     end
   end
 
-  defp tracer(p), do: tracer_loop(p, %{go: 0, answer: 0})
-
-  # Kills a traced caller as its :go arrives (the rarer: most waiters get
-  # their answer from the line), or, with probability `p`, as that answer
-  # arrives; counts the kills of each.
-  defp tracer_loop(p, kills) do
+  # Kills a traced caller as its :go arrives; counts those kills.
+  defp tracer(kills) do
     receive do
-      {:trace, pid, :receive, {:phoenix_kit_agent_locks, message}}
-      when message == :go or elem(message, 0) == :answer ->
-        kind = if message == :go, do: :go, else: :answer
-
-        if kind == :go or :rand.uniform() < p,
-          do: Process.exit(pid, :kill) && tracer_loop(p, Map.update!(kills, kind, &(&1 + 1))),
-          else: tracer_loop(p, kills)
+      {:trace, pid, :receive, {:phoenix_kit_agent_locks, :go}} ->
+        Process.exit(pid, :kill)
+        tracer(kills + 1)
 
       {:trace, _, _, _} ->
-        tracer_loop(p, kills)
+        tracer(kills)
 
       {:stop, from} ->
         send(from, {:kills, kills})

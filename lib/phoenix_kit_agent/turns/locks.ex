@@ -36,7 +36,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
       `lease_s`: whole seconds from 1 to `ttl_s`.
   """
 
-  alias PhoenixKitAgent.Turns.Locks.{Error, Native, Observe, Sandbox, Turn}
+  alias PhoenixKitAgent.Turns.Locks.{Native, Observe, Sandbox, Turn}
 
   @typedoc "Why the user's lock was refused: a turn or a click holds it."
   @type user_busy :: :turn_in_flight | :click_in_flight
@@ -452,67 +452,26 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc false
-  # The NIF calls of `function`, by the protocol of native/locks_core/src/queue.rs:
-  # with no free slot, the caller's call waits in line, and the caller here,
-  # on a normal scheduler, for its answer (the call was run from the line)
-  # or for a slot. `full` (an :atomics, 1 while the queue was full when a
-  # caller last looked) sends a caller into line from here, by enter/3,
-  # instead of by a round trip of run/3 through a dirty-I/O scheduler.
+  # The NIF calls of one lock call, by the protocol of native/locks_core/src/queue.rs:
+  # a slot now, or a place in line until go or the deadline.
   def call(function, start, args) do
-    full = :persistent_term.get({Native, :full}, nil)
-
-    if full && :atomics.get(full, 1) == 1 do
-      case Native.enter(start, function, args) do
-        :go ->
-          :atomics.put(full, 1, 0)
-          run_call(function, start, args, nil)
-
-        {:wait, wait_ms} ->
-          wait(function, start, args, wait_ms)
+    with {:wait, ms} <- Native.take(start) do
+      receive do
+        {:phoenix_kit_agent_locks, :go} -> :ok
+      after
+        ms ->
+          error = Native.leave()
+          # A slot handed as the deadline passed went back: its go is here, or never comes.
+          receive do
+            {:phoenix_kit_agent_locks, :go} -> raise error
+          after
+            0 -> raise error
+          end
       end
-    else
-      run_call(function, start, args, full)
     end
+
+    Native.run(start, function, args)
   end
-
-  defp run_call(function, start, args, full) do
-    case Native.run(start, function, args) do
-      {:wait, wait_ms} ->
-        if full, do: :atomics.put(full, 1, 1)
-        wait(function, start, args, wait_ms)
-
-      answer ->
-        answer
-    end
-  end
-
-  defp wait(function, start, args, wait_ms) do
-    receive do
-      {:phoenix_kit_agent_locks, :go} -> run_call(function, start, args, nil)
-      {:phoenix_kit_agent_locks, reply} -> reply!(reply)
-    after
-      wait_ms ->
-        case Native.leave() do
-          # Out of the line already: its call's answer, or the pool's closing, comes.
-          :told ->
-            receive do
-              {:phoenix_kit_agent_locks, reply} -> reply!(reply)
-            end
-
-          error ->
-            # A slot handed as the deadline passed went back: its :go is
-            # here, or never comes.
-            receive do
-              {:phoenix_kit_agent_locks, :go} -> raise error
-            after
-              0 -> raise error
-            end
-        end
-    end
-  end
-
-  defp reply!({:answer, answer}), do: answer
-  defp reply!(%Error{} = error), do: raise(error)
 
   ## Argument checks: each raises ArgumentError naming the argument before
   ## anything reaches the native side. The rules are the native side's

@@ -4,12 +4,12 @@
 use std::time::Instant;
 
 use locks_core::args::{CLICK_REF_PREFIX, MAX_REF_BYTES, MAX_TTL_S};
-use locks_core::{global, schema, Deadline, Error, Job, Settings};
+use locks_core::{global, schema, Deadline, Job, Settings};
 use rustler::{Atom, Env, NifMap, NifResult};
 
 use crate::atoms;
-use crate::call::{go, tell, QUEUE};
-use crate::error::{exception, raise};
+use crate::call::{go, QUEUE};
+use crate::error::raise;
 
 /// Installs a new pool and sizes the queue to it. Connects nothing; reads the
 /// CA file, if one is set, unless TLS is off. `settings` is the Elixir
@@ -21,12 +21,12 @@ fn start(env: Env<'_>, settings: Settings) -> NifResult<Atom> {
     Ok(atoms::ok())
 }
 
-/// Tells every caller in line that the pool is gone, then closes it: its
-/// idle connections at once, each busy one as its call ends.
+/// Closes the pool: its idle connections at once, each busy one as its call
+/// ends; every caller in line is sent go, and its call finds no pool.
 #[rustler::nif(schedule = "DirtyIo")]
 fn stop(env: Env<'_>) -> Atom {
-    QUEUE.close(tell(env, exception(Error::NotStarted)));
     global::stop();
+    QUEUE.close(go(env));
     atoms::ok()
 }
 
@@ -106,7 +106,7 @@ fn status() -> NifResult<Status> {
     let (connections, idle) = pool.connections();
     Ok(Status {
         size: counts.limit,
-        running: counts.running + counts.handed,
+        running: counts.running + counts.held,
         waiting: counts.waiting,
         connections,
         idle,

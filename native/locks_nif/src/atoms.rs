@@ -2,8 +2,8 @@
 
 rustler::atoms! {
     ok, error,
-    // The queue's answers and messages (call.rs), and their tag
-    go, wait, answer, told, phoenix_kit_agent_locks,
+    // The queue's answer and message (call.rs), and the message's tag
+    go, wait, phoenix_kit_agent_locks,
     // acquire/4 and acquire_user/4 refusals
     conversation_busy, turn_in_flight, click_in_flight,
     // PhoenixKitAgent.Turns.Locks.Error reasons

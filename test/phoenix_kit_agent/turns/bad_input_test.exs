@@ -33,7 +33,7 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
 
   # The API refuses any value but what it documents, and so does the NIF
   # alone (a caller that skips the API): the rules are one.
-  for {caller, title} <- [api: "the API:", nif: "the NIF alone: Native.run/4 of"],
+  for {caller, title} <- [api: "the API:", nif: "the NIF alone: Native.run/3 of"],
       {fun, arguments} <- arguments() do
     describe "#{title} #{fun}/#{length(arguments)}" do
       for {{name, kind}, position} <- Enum.with_index(arguments) do
@@ -179,7 +179,7 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
             {start, :held?, [hd(args) | :improper]},
             {start, :held?, [hd(args), hd(tl(args)) | "t"]}
           ] do
-        assert_raise ArgumentError, fn -> run_now(stamp, function, args) end
+        assert_raise ArgumentError, fn -> Locks.call(function, stamp, args) end
       end
 
       assert native(:held?, [chat, user, "t"]) == false
@@ -207,8 +207,8 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
           function not in [:load_nif, :start, :stop],
           args <- junk_args(junk, arity) do
         try do
-          # A junk call put in line, or handed a slot by enter/3, leaves at once.
-          with answer when answer == :go or elem(answer, 0) == :wait <-
+          # A slot taken by junk, or a place in line, is left at once.
+          with answer when answer == :ok or (is_tuple(answer) and elem(answer, 0) == :wait) <-
                  apply(Native, function, args) do
             Native.leave()
             receive do: ({:phoenix_kit_agent_locks, _} -> :ok), after: (0 -> :ok)
@@ -233,23 +233,6 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
   defp junk_args(junk, arity) do
     for position <- 0..(arity - 1), bad <- junk do
       List.replace_at(List.duplicate(:junk, arity), position, bad)
-    end
-  end
-
-  # Native.run/3 as Locks.call/3 calls it, waiting for a slot (or for the
-  # answer of its call, run from the line) while the pool's are taken (nobody else waits here long: other tests' calls are quick).
-  defp run_now(stamp, function, args) do
-    case Native.run(stamp, function, args) do
-      {:wait, ms} ->
-        receive do
-          {:phoenix_kit_agent_locks, :go} -> run_now(stamp, function, args)
-          {:phoenix_kit_agent_locks, {:answer, answer}} -> answer
-        after
-          ms -> flunk("no slot within #{ms} ms")
-        end
-
-      answer ->
-        answer
     end
   end
 

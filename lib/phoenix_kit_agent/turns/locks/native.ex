@@ -22,7 +22,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
       # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
       :ok ->
         :persistent_term.put({__MODULE__, :rules}, rules())
-        :persistent_term.put({__MODULE__, :full}, :atomics.new(1, []))
 
       {:error, {:upgrade, _}} ->
         {:error, :running_version_keeps_the_nif}
@@ -46,9 +45,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
 
   # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
   # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).
-  def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
-  def enter(_start, _function, _args), do: :erlang.nif_error(not_loaded())
+  def take(_start), do: :erlang.nif_error(not_loaded())
   def leave, do: :erlang.nif_error(not_loaded())
+  def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
   def status, do: :erlang.nif_error(not_loaded())
   def functions, do: :erlang.nif_error(not_loaded())
 
