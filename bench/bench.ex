@@ -55,6 +55,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   in the same runs; the report then has library ÷ Postgrex ratios of
   throughput and of the VM's CPU per statement.
 
+  In the alternated mode (`:alternate`), `:floor` adds the design's floor
+  as a side (`examples/floor.rs` of the core crate: its pool from plain OS
+  threads, no VM) and `:busy` runs K CPU-bound processes (`Bench.Load`)
+  during every side's run, with a baseline of the load alone, for the work
+  each side takes from them per statement.
+
   `run/1` returns `{:ok, report}` (the markdown it also prints and writes)
   or `{:error, message}`; raising is the Mix task's business.
   """
@@ -942,7 +948,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       Work lost per statement: (the baseline's units a second − the units a second
       during the side's run) ÷ the side's statements a second, in µs of one load
       process's time (a unit is worth #{k} ÷ the baseline's units a second); each
-      run's side against that run's baseline. Median (min–max) over the runs.
+      run's side against that run's baseline. Whatever else the side's statements
+      make run on these cores counts too (the server's backends, when it runs on
+      this machine). Median (min–max) over the runs.
 
       | workload | callers | side | ops/s | load's units/s | load's work lost, µs of one load process per statement | |
       |---|--:|---|--:|--:|--:|---|
