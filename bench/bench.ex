@@ -661,10 +661,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   # `run` (a side's run, given the context) with `ctx.busy` load processes
   # running throughout, the load's units a second over the timed part put in
-  # its result as `:load_rate`: the library's and Postgrex's timed part is
-  # read by `run_library/2` (`ctx.load`), pgbench's and the floor's is their
-  # whole program's run, its connections and warm-up included. Without
-  # `--busy`, just `run`.
+  # its result as `:load_rate`: the library's, Postgrex's and the floor's
+  # timed part is read by `run_library/2` and `run_floor/2` (`ctx.load`);
+  # pgbench's is its whole program's run, its connections included.
+  # Without `--busy`, just `run`.
   defp loaded(%{busy: nil} = ctx, run), do: run.(ctx)
 
   defp loaded(ctx, run) do
@@ -732,32 +732,70 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   # One run of the floor at the spec's callers (its threads), with the
   # bench's pool size, duration and warm-up, on the bench's tables (rows of
   # its own); connected as psql and pgbench are, through libpq's variables.
+  # Under `--busy`, the load is read when the floor says its timed part
+  # starts (`floor timed`) and when it prints its figures.
   defp run_floor(ctx, spec) do
     args =
       ~w(--workload #{spec.floor} --threads #{spec.callers} --pool-size #{pool_size(ctx)}) ++
         ~w(--duration #{ctx.duration} --warmup #{ctx.warmup_ms} --prefix #{@schema})
 
-    env = [{"DATABASE_URL", nil} | Psql.env(ctx.options, "phoenix_kit_agent_locks bench floor")]
+    env =
+      for {name, value} <- [
+            {"DATABASE_URL", nil}
+            | Psql.env(ctx.options, "phoenix_kit_agent_locks bench floor")
+          ],
+          do: {String.to_charlist(name), if(value, do: String.to_charlist(value), else: false)}
 
-    case System.cmd(ctx.floor, args, env: env, stderr_to_stdout: true) do
-      {out, 0} ->
-        figure = fn key ->
-          case Regex.run(~r/\b#{key}=([\d.]+)/, out) do
-            [_, value] -> elem(Float.parse(value), 0)
-            nil -> fail("the floor printed no #{key}:\n#{out}")
-          end
-        end
+    port =
+      Port.open({:spawn_executable, ctx.floor}, [
+        :binary,
+        :exit_status,
+        :stderr_to_stdout,
+        {:line, 65_536},
+        args: args,
+        env: env
+      ])
 
-        seconds = figure.("seconds")
+    {out, status, window} = floor_output(port, ctx[:load], [], [])
+    out = Enum.join(out, "\n")
 
-        %{
-          ops: figure.("ops_per_s"),
-          statements_per_s: figure.("statements") / seconds,
-          cpu_call: figure.("cpu_us_per_statement")
-        }
+    if status != 0, do: fail("the floor failed (exit #{status}):\n#{out}")
 
-      {out, status} ->
-        fail("the floor failed (exit #{status}):\n#{out}")
+    figure = fn key ->
+      case Regex.run(~r/\b#{key}=([\d.]+)/, out) do
+        [_, value] -> elem(Float.parse(value), 0)
+        nil -> fail("the floor printed no #{key}:\n#{out}")
+      end
+    end
+
+    load_rate =
+      case window do
+        [finish, start] -> Load.rate(start, finish)
+        _ -> nil
+      end
+
+    %{
+      ops: figure.("ops_per_s"),
+      statements_per_s: figure.("statements") / figure.("seconds"),
+      cpu_call: figure.("cpu_us_per_statement"),
+      load_rate: load_rate
+    }
+  end
+
+  # The floor's lines until it exits, and the load's readings at `floor
+  # timed` and at its figures (latest first).
+  defp floor_output(port, load, lines, window) do
+    receive do
+      {^port, {:data, {_, line}}} ->
+        window =
+          if load && (line == "floor timed" or String.starts_with?(line, "floor workload=")),
+            do: [Load.count(load) | window],
+            else: window
+
+        floor_output(port, load, [line | lines], window)
+
+      {^port, {:exit_status, status}} ->
+        {Enum.reverse(lines), status, window}
     end
   end
 
@@ -943,8 +981,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       side's timed part: the baseline), #{k} CPU-bound process(es) ran on the normal
       schedulers, each doing units of pure work (#{Load.unit_steps()} steps of integer
       arithmetic) in a loop, as a loaded node's processes keep its schedulers busy.
-      The load's work is its units a second over the timed part (for pgbench and
-      the floor, over their whole program's run, connections and warm-up included).
+      The load's work is its units a second over the timed part (for pgbench, over
+      its whole program's run, its connections included).
       Work lost per statement: (the baseline's units a second − the units a second
       during the side's run) ÷ the side's statements a second, in µs of one load
       process's time (a unit is worth #{k} ÷ the baseline's units a second); each

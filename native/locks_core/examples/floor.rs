@@ -14,9 +14,10 @@
 //! release), `reads` (held? then fresh? on locks the thread holds) or `held`
 //! (held? alone). After `--warmup` ms of untimed calls (the pool connects,
 //! each connection prepares), every thread runs for `--duration` seconds
-//! from the same instant. Printed, one line: the ops a second and the
-//! process's CPU time (utime + stime of /proc/self/stat, every thread's)
-//! per statement over the timed part.
+//! from the same instant. Printed: `floor timed` as the timed part starts,
+//! then one line as it ends, the ops a second and the process's CPU time
+//! (utime + stime of /proc/self/stat, every thread's) per statement over
+//! the timed part.
 //!
 //! Connects with `DATABASE_URL` (`postgres://user:password@host:port/db`)
 //! or, without it, libpq's PGHOST, PGPORT, PGUSER, PGPASSWORD, PGDATABASE,
@@ -161,6 +162,8 @@ fn run() -> Result<(), String> {
         // Every thread is past its warm-up: the timed part starts now.
         timed.wait();
         let (cpu0, t0) = (cpu_ticks(), Instant::now());
+        // For a reader that times something else over the same part.
+        println!("floor timed");
         let (mut ops, mut statements, mut last) = (0, 0, t0);
         for thread in threads {
             let (o, s, t) = thread.join().map_err(|_| "a thread panicked".to_owned())??;
