@@ -55,6 +55,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   in the same runs; the report then has library ÷ Postgrex ratios of
   throughput and of the VM's CPU per statement.
 
+  In the alternated mode (`:alternate`), `:floor` adds the design's floor
+  as a side (`examples/floor.rs` of the core crate: its pool from plain OS
+  threads, no VM) and `:busy` runs K CPU-bound processes (`Bench.Load`)
+  during every side's run, with a baseline of the load alone, for the work
+  each side takes from them per statement.
+
   `run/1` returns `{:ok, report}` (the markdown it also prints and writes)
   or `{:error, message}`; raising is the Mix task's business.
   """
@@ -65,6 +71,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   alias PhoenixKitAgent.Turns.Locks.Bench.{
     CPU,
     Histogram,
+    Load,
     Peer,
     Probe,
     Psql,
@@ -79,12 +86,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   end
 
   @schema "phoenix_kit_agent_locks_bench"
+  # The library's root: its git checkout (the report's commit) and its
+  # cargo workspace (the floor).
+  @root Path.expand("..", __DIR__)
   @ttl 120
   @hold 30
   @rows_per_ns 50
-  @reads_callers [10, 50]
-  @namespaces ~w(cycle hot reads click stmts)
-  @workloads ~w(statements overhead cycle hot reads click)
+  @namespaces ~w(cycle hot reads held click stmts)
+  @workloads ~w(statements overhead cycle hot reads held click)
   @statement_rounds 200
 
   # Parameters of each statement, in `$n` order, as pgbench variable names.
@@ -107,7 +116,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   Runs the benchmark. `opts`: `:duration` (s), `:warmup` (ms), `:workloads`
   (names), `:runs`, `:out` (markdown path), `:cycle_callers` (list),
   `:pool_size` (nil: the configured one), `:peer` (`nil` or `:postgrex`),
-  `:alternate` (`nil`, or the runs a point of the alternated mode).
+  `:alternate` (`nil`, or the runs a point of the alternated mode),
+  `:read_callers` (list, for `reads` and `held`), `:busy` (`nil`, or the
+  load processes of a busy VM) and `:floor` (boolean): both alternated only.
   """
   @spec run(keyword()) :: {:ok, String.t()} | {:error, String.t()}
   def run(opts) do
@@ -209,6 +220,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       cycle_callers: opts[:cycle_callers],
       order: opts[:order] || 0,
       alternate: opts[:alternate],
+      read_callers: opts[:read_callers] || [10, 50],
+      busy: opts[:busy],
+      floor: if(opts[:floor], do: floor_executable()),
       pgbench: pgbench,
       shell: System.find_executable("bash"),
       tmp: tmp,
@@ -377,6 +391,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
             id: "cycle",
             callers: n,
             unit: "acquire + release",
+            statements: 2,
+            floor: "cycle",
             op: fn k ->
               {c, u, r} = {chat("cycle", k), user("cycle", k), ref("cycle", k)}
 
@@ -451,11 +467,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     reads =
       if "reads" in ctx.workloads do
-        for n <- @reads_callers do
+        for n <- ctx.read_callers do
           %{
             id: "reads",
             callers: n,
             unit: "held? + fresh?",
+            statements: 2,
+            floor: "reads",
             # Each caller's locks are held, so both answers are true.
             before: fn ->
               for k <- 0..(n - 1),
@@ -482,6 +500,43 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
             end,
             script:
               pg_init("reads", ":client_id") <> pg_sql(ctx, "held?") <> pg_sql(ctx, "fresh?")
+          }
+        end
+      else
+        []
+      end
+
+    held =
+      if "held" in ctx.workloads do
+        for n <- ctx.read_callers do
+          %{
+            id: "held",
+            callers: n,
+            unit: "held?",
+            statements: 1,
+            floor: "held",
+            # Each caller's locks are held, so every answer is true.
+            before: fn ->
+              for k <- 0..(n - 1),
+                  do: :ok = Locks.acquire(chat("held", k), user("held", k), ref("held", k), @ttl)
+            end,
+            op: fn k ->
+              {c, u, r} = {chat("held", k), user("held", k), ref("held", k)}
+
+              fn ->
+                true = Locks.held?(c, u, r)
+                1
+              end
+            end,
+            peer: fn p, k ->
+              {c, u, r} = {bin(chat("held", k)), bin(user("held", k)), ref("held", k)}
+
+              fn ->
+                [[true]] = Peer.execute(p, "held?", [c, u, r])
+                1
+              end
+            end,
+            script: pg_init("held", ":client_id") <> pg_sql(ctx, "held?")
           }
         end
       else
@@ -525,7 +580,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
         []
       end
 
-    cycle ++ hot ++ reads ++ click
+    cycle ++ hot ++ reads ++ held ++ click
   end
 
   # What a caller would otherwise write: two transactions of two statements.
@@ -560,23 +615,34 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     results =
       Map.new(order, fn
+        :baseline ->
+          info("  #{label}: the load alone")
+          {:baseline, baseline(ctx)}
+
         :library ->
           reset!(ctx)
           if spec[:before], do: spec.before.()
           info("  #{label}: library")
-          {:library, run_library(ctx, spec)}
+          {:library, loaded(ctx, &run_library(&1, spec))}
 
         :pgbench ->
           reset!(ctx)
           if spec[:before], do: spec.before.()
           info("  #{label}: pgbench")
-          {:pgbench, run_pgbench(ctx, spec.script, spec.callers)}
+          result = loaded(ctx, &run_pgbench(&1, spec.script, spec.callers))
+          {:pgbench, Map.put(result, :statements_per_s, spec[:statements] && result.ops * spec.statements)}
 
         :postgrex ->
           reset!(ctx)
           if spec[:before], do: spec.before.()
           info("  #{label}: Postgrex")
-          {:postgrex, run_library(ctx, %{spec | op: &spec.peer.(ctx.peer, &1)})}
+          peer = %{spec | op: &spec.peer.(ctx.peer, &1)}
+          {:postgrex, loaded(ctx, &run_library(&1, peer))}
+
+        :floor ->
+          reset!(ctx)
+          info("  #{label}: floor")
+          {:floor, loaded(ctx, &run_floor(&1, spec))}
       end)
 
     reference =
@@ -591,6 +657,148 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     |> Map.drop([:op, :peer, :before, :script])
   end
 
+  ## A busy VM (`--busy K`)
+
+  # `run` (a side's run, given the context) with `ctx.busy` load processes
+  # running throughout, the load's units a second over the timed part put in
+  # its result as `:load_rate`: the library's, Postgrex's and the floor's
+  # timed part is read by `run_library/2` and `run_floor/2` (`ctx.load`);
+  # pgbench's is its whole program's run, its connections included.
+  # Without `--busy`, just `run`.
+  defp loaded(%{busy: nil} = ctx, run), do: run.(ctx)
+
+  defp loaded(ctx, run) do
+    load = Load.start(ctx.busy)
+
+    try do
+      before = Load.count(load)
+      result = run.(Map.put(ctx, :load, load))
+      rate = result[:load_rate] || Load.rate(before, Load.count(load))
+      Map.put(result, :load_rate, rate)
+    after
+      Load.stop(load)
+    end
+  end
+
+  # The load alone, no client running: its units a second over a timed part
+  # as long as a side's, after the same warm-up.
+  defp baseline(ctx) do
+    load = Load.start(ctx.busy)
+
+    try do
+      Process.sleep(ctx.warmup_ms)
+      before = Load.count(load)
+      Process.sleep(ctx.duration * 1000)
+      %{load_rate: Load.rate(before, Load.count(load))}
+    after
+      Load.stop(load)
+    end
+  end
+
+  # The µs of one load process's time lost per statement of a side: the
+  # units a second the load lost (the baseline's less the side's) over the
+  # side's statements a second, a unit being worth K ÷ baseline seconds of
+  # one load process.
+  defp lost_us(k, %{load_rate: base}, %{load_rate: rate, statements_per_s: sps})
+       when is_number(base) and base > 0 and is_number(sps) and sps > 0,
+       do: (base - rate) / sps * 1.0e6 * k / base
+
+  defp lost_us(_k, _baseline, _side), do: nil
+
+  ## The floor (`--floor`)
+
+  # `examples/floor.rs` of the core crate, built once in release mode: the
+  # pool from plain OS threads, no VM around it.
+  defp floor_executable do
+    cargo =
+      System.find_executable("cargo") ||
+        Enum.find([Path.expand("~/.cargo/bin/cargo")], &File.exists?/1) ||
+        fail("--floor: cargo is not on the PATH (the floor is a cargo example)")
+
+    info("floor: cargo build --release --example floor")
+
+    case System.cmd(cargo, ~w(build --release --example floor -p locks_core),
+           cd: @root,
+           stderr_to_stdout: true
+         ) do
+      {_, 0} -> :ok
+      {out, status} -> fail("--floor: cargo build failed (exit #{status}):\n#{out}")
+    end
+
+    target = Path.expand(System.get_env("CARGO_TARGET_DIR") || "target", @root)
+    Path.join([target, "release", "examples", "floor"])
+  end
+
+  # One run of the floor at the spec's callers (its threads), with the
+  # bench's pool size, duration and warm-up, on the bench's tables (rows of
+  # its own); connected as psql and pgbench are, through libpq's variables.
+  # Under `--busy`, the load is read when the floor says its timed part
+  # starts (`floor timed`) and when it prints its figures.
+  defp run_floor(ctx, spec) do
+    args =
+      ~w(--workload #{spec.floor} --threads #{spec.callers} --pool-size #{pool_size(ctx)}) ++
+        ~w(--duration #{ctx.duration} --warmup #{ctx.warmup_ms} --prefix #{@schema})
+
+    env =
+      for {name, value} <- [
+            {"DATABASE_URL", nil}
+            | Psql.env(ctx.options, "phoenix_kit_agent_locks bench floor")
+          ],
+          do: {String.to_charlist(name), if(value, do: String.to_charlist(value), else: false)}
+
+    port =
+      Port.open({:spawn_executable, ctx.floor}, [
+        :binary,
+        :exit_status,
+        :stderr_to_stdout,
+        {:line, 65_536},
+        args: args,
+        env: env
+      ])
+
+    {out, status, window} = floor_output(port, ctx[:load], [], [])
+    out = Enum.join(out, "\n")
+
+    if status != 0, do: fail("the floor failed (exit #{status}):\n#{out}")
+
+    figure = fn key ->
+      case Regex.run(~r/\b#{key}=([\d.]+)/, out) do
+        [_, value] -> elem(Float.parse(value), 0)
+        nil -> fail("the floor printed no #{key}:\n#{out}")
+      end
+    end
+
+    load_rate =
+      case window do
+        [finish, start] -> Load.rate(start, finish)
+        _ -> nil
+      end
+
+    %{
+      ops: figure.("ops_per_s"),
+      statements_per_s: figure.("statements") / figure.("seconds"),
+      cpu_call: figure.("cpu_us_per_statement"),
+      load_rate: load_rate
+    }
+  end
+
+  # The floor's lines until it exits, and the load's readings at `floor
+  # timed` and at its figures (latest first).
+  defp floor_output(port, load, lines, window) do
+    receive do
+      {^port, {:data, {_, line}}} ->
+        window =
+          if load && (line == "floor timed" or String.starts_with?(line, "floor workload=")),
+            do: [Load.count(load) | window],
+            else: window
+
+        floor_output(port, load, [line | lines], window)
+
+      {^port, {:exit_status, status}} ->
+        {Enum.reverse(lines), status, window}
+    end
+  end
+
   ## Alternated runs (`--alternate`)
 
   # Each point `ctx.alternate` times in a row: the library, Postgrex (when
@@ -599,10 +807,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   # taken. The cycle's BEGIN … COMMIT reference is not what this mode
   # compares: it is left out. `[{spec, runs}]`, one per point.
   defp alternated(ctx) do
-    sides = if ctx.peer, do: [:library, :postgrex, :pgbench], else: [:library, :pgbench]
-
     for spec <- cases(ctx) do
       spec = Map.delete(spec, :reference)
+      sides = if ctx.busy, do: [:baseline | sides(ctx, spec)], else: sides(ctx, spec)
 
       runs =
         for run <- 1..ctx.alternate do
@@ -612,6 +819,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
       {spec, runs}
     end
+  end
+
+  # The clients of a point, in the order each run runs them: the floor
+  # only with `--floor`, for the workloads it has.
+  defp sides(ctx, spec) do
+    [:library] ++
+      if(ctx.peer, do: [:postgrex], else: []) ++
+      [:pgbench] ++ if(ctx.floor && spec[:floor], do: [:floor], else: [])
   end
 
   defp alternated_report(ctx, points, statements, overhead) do
@@ -630,13 +845,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
           "has it, see `mix help locks.bench`): the library and pgbench only, no ratios."
       end
 
-    sides = if ctx.peer, do: [:library, :postgrex, :pgbench], else: [:library, :pgbench]
+    sides =
+      [:library] ++
+        if(ctx.peer, do: [:postgrex], else: []) ++
+        [:pgbench] ++ if(ctx.floor, do: [:floor], else: [])
+
+    sides = if ctx.busy, do: [:baseline | sides], else: sides
 
     rows =
-      for {spec, runs} <- points, side <- sides do
+      for {spec, runs} <- points, side <- sides(ctx, spec) do
         values = Enum.map(runs, & &1[side])
         ops = Enum.map(values, & &1.ops)
-        # pgbench is another process: the VM's CPU is not its.
+        # pgbench is another process: the VM's CPU is not its. The floor's
+        # is its own process's.
         cpu = if side == :pgbench, do: [], else: Enum.map(values, & &1[:cpu_call])
 
         "| #{spec.id} | #{spec.callers} | #{spec.unit} | #{side_name(side)} | #{length(runs)} " <>
@@ -680,13 +901,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     #{load_after} after
 
     #{peer}
-
+    #{floor_text(ctx)}
     Each point is run #{n} times in a row, each time in this order: \
     #{Enum.map_join(sides, ", ", &side_name/1)}; \
     every side from the same state (locks freed, tables vacuumed). Throughput: ops/s, an op \
     being the unit in the table. CPU: the VM's (every BEAM thread's utime + stime from \
-    /proc/self/task/*/stat over the timed part, #{CPU.hz()} ticks a second) per statement; \
-    the server's is not in it. Median, and range (min–max), over the runs; the ratios are \
+    /proc/self/task/*/stat over the timed part, #{CPU.hz()} ticks a second) per statement \
+    (the floor's: its own process's); the server's is not in it.#{busy_cpu_text(ctx)} Median, \
+    and range (min–max), over the runs; the ratios are \
     taken pair by pair (a library run and the Postgrex run after it), then their median and \
     range.
 
@@ -699,12 +921,81 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     #{ratio_section}
     """
 
-    Enum.join([report] ++ statements_section(statements) ++ overhead_section(overhead), "\n")
+    Enum.join(
+      [report] ++
+        busy_section(ctx, points) ++ statements_section(statements) ++ overhead_section(overhead),
+      "\n"
+    )
   end
 
   defp side_name(:library), do: "library"
   defp side_name(:postgrex), do: "Postgrex"
   defp side_name(:pgbench), do: "pgbench"
+  defp side_name(:floor), do: "floor"
+  defp side_name(:baseline), do: "the load alone"
+
+  defp floor_text(%{floor: nil}), do: ""
+
+  defp floor_text(_ctx) do
+    "\nThe floor: the core crate's pool from plain OS threads, no VM " <>
+      "(`native/locks_core/examples/floor.rs`, a release build): the same N callers as " <>
+      "threads, the same pool size, rows of its own; for cycle, reads and held.\n"
+  end
+
+  defp busy_cpu_text(%{busy: nil}), do: ""
+
+  defp busy_cpu_text(ctx),
+    do: " With `--busy #{ctx.busy}` the VM's CPU includes the load's (see Busy VM)."
+
+  # Each side's throughput and the load's work it took, per statement.
+  defp busy_section(%{busy: nil}, _points), do: []
+
+  defp busy_section(ctx, points) do
+    k = ctx.busy
+
+    rows =
+      for {spec, runs} <- points, side <- [:baseline | sides(ctx, spec)] do
+        rates = Enum.map(runs, & &1[side].load_rate)
+
+        case side do
+          :baseline ->
+            unit = Enum.map(rates, &(k * 1.0e6 / &1))
+
+            "| #{spec.id} | #{spec.callers} | the load alone | – | #{fmt(med(rates))} (#{range(rates, 0)}) " <>
+              "| – | one unit: #{fmt(med(unit), 2)} µs (#{range(unit, 2)}) of one load process |"
+
+          side ->
+            ops = Enum.map(runs, & &1[side].ops)
+            lost = Enum.map(runs, &lost_us(k, &1.baseline, &1[side]))
+
+            "| #{spec.id} | #{spec.callers} | #{side_name(side)} | #{fmt(med(ops))} (#{range(ops, 0)}) " <>
+              "| #{fmt(med(rates))} (#{range(rates, 0)}) | #{fmt(med(lost), 1)} (#{range(lost, 1)}) | |"
+        end
+      end
+
+    [
+      """
+      ## Busy VM (`--busy #{k}`)
+
+      During every run of every side (and alone, before them, for as long as a
+      side's timed part: the baseline), #{k} CPU-bound process(es) ran on the normal
+      schedulers, each doing units of pure work (#{Load.unit_steps()} steps of integer
+      arithmetic) in a loop, as a loaded node's processes keep its schedulers busy.
+      The load's work is its units a second over the timed part (for pgbench, over
+      its whole program's run, its connections included).
+      Work lost per statement: (the baseline's units a second − the units a second
+      during the side's run) ÷ the side's statements a second, in µs of one load
+      process's time (a unit is worth #{k} ÷ the baseline's units a second); each
+      run's side against that run's baseline. Whatever else the side's statements
+      make run on these cores counts too (the server's backends, when it runs on
+      this machine). Median (min–max) over the runs.
+
+      | workload | callers | side | ops/s | load's units/s | load's work lost, µs of one load process per statement | |
+      |---|--:|---|--:|--:|--:|---|
+      #{Enum.join(rows, "\n")}
+      """
+    ]
+  end
 
   # "min–max" of a list of figures.
   defp range(values, decimals) do
@@ -723,7 +1014,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   # The library's commit, when its source is a git checkout (this project,
   # or a host's path dependency); `-dirty` when it has uncommitted changes.
-  @root Path.expand("..", __DIR__)
   defp commit do
     with git when is_binary(git) <- System.find_executable("git"),
          {out, 0} <-
@@ -771,6 +1061,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     sleep_until(measure_at)
     cpu_before = CPU.ticks()
     server_before = CPU.server_ticks(ctx.postmaster)
+    load_before = ctx[:load] && Load.count(ctx.load)
 
     {ops, calls, slowest, last} =
       Enum.reduce(pids, {0, 0, 0, measure_at}, fn pid, {o, c, m, t} ->
@@ -782,6 +1073,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
     cpu_after = CPU.ticks()
     server_after = CPU.server_ticks(ctx.postmaster)
+    load_rate = ctx[:load] && Load.rate(load_before, Load.count(ctx.load))
     probe = if probe, do: Probe.stop(probe), else: %{rtt: %{p99: nil}, file_io: nil}
     cpu_call = CPU.per_call_us(cpu_after && cpu_after - cpu_before, calls)
 
@@ -789,6 +1081,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     |> Histogram.stats(slowest)
     |> Map.merge(%{
       ops: ops / seconds(last - measure_at),
+      statements_per_s: calls / seconds(last - measure_at),
+      load_rate: load_rate,
       cpu_call: cpu_call,
       cpu_op: cpu_call && cpu_call * calls / ops,
       cpu_server_call: CPU.per_call_us(server_after && server_after - server_before, calls),

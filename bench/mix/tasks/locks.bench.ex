@@ -26,6 +26,27 @@ defmodule Mix.Tasks.Locks.Bench do
   (`{:phoenix_kit_agent_locks, path: "…", env: :dev}`); without it the task
   says so and measures nothing.
 
+  ## A busy VM (`--busy K`) and the floor (`--floor`)
+
+  Both in `--alternate` mode only.
+
+  With `--busy K`, `K` CPU-bound processes run on the normal schedulers
+  during every run of every side, each counting units of pure work, as a
+  loaded node's processes keep its schedulers busy; each run starts with
+  the load alone for as long as a side's timed part (the baseline). The
+  report's "Busy VM" section gives each side's throughput and the load's
+  work lost per statement: the baseline's units a second less those during
+  the side's run, over the side's statements a second, in µs of one load
+  process's time.
+
+  With `--floor`, each run of `cycle`, `reads` and `held` also runs the
+  design's floor after pgbench: the core crate's pool from plain OS threads,
+  no VM (`native/locks_core/examples/floor.rs`, built once with
+  `cargo build --release --example floor`; cargo must be on the PATH), at
+  the same callers (threads) and pool size.
+
+      mix locks.bench --alternate 5 --busy 2 --floor --workloads held --read-callers 10
+
   ## Alternated runs (`--alternate N`)
 
   The mode whose figures `bench/README.md` quotes. Each point (a workload
@@ -56,7 +77,9 @@ defmodule Mix.Tasks.Locks.Bench do
       `BEGIN … COMMIT` transactions through pgbench, the reference a caller
       would otherwise have;
     * `hot`: 50 callers race for one chat, the winner releases;
-    * `reads`: `held?/3` and `fresh?/3`, 10 callers;
+    * `reads`: `held?/3` and `fresh?/3`, at 10 and 50 callers
+      (`--read-callers`);
+    * `held`: `held?/3` alone, at the same callers as `reads`;
     * `click`: `acquire_user/4`, `keep_user/4`, `release_user/2`, 10 callers;
     * `statements`: how many statements and transactions one call of each
       function costs, from `pg_stat_statements` under a role created for
@@ -97,6 +120,8 @@ defmodule Mix.Tasks.Locks.Bench do
       `statements,overhead,cycle,hot,reads,click`. Defaults to all.
     * `--cycle-callers` - comma-separated caller counts for `cycle`.
       Defaults to `1,10,50`.
+    * `--read-callers` - comma-separated caller counts for `reads` and
+      `held`. Defaults to `10,50`.
     * `--pool-size` - the pool's size (and so the most calls that run at
       once) for this run, instead of the configured one. Defaults to the
       configuration's (dirty-I/O schedulers − 2 unless set).
@@ -104,6 +129,8 @@ defmodule Mix.Tasks.Locks.Bench do
       above).
     * `--alternate` - the alternated mode (above), with this many runs a
       point; at least 5.
+    * `--busy` - `K`: a busy VM, in `--alternate` mode (below).
+    * `--floor` - also run the design's floor, in `--alternate` mode (below).
     * `--order` - shifts which side goes first in each run (they take
       turns), for runs alternated across invocations. Defaults to 0.
     * `--quick` - 1 second per run and 300 ms of warm-up, for a smoke run.
@@ -125,6 +152,9 @@ defmodule Mix.Tasks.Locks.Bench do
     pool_size: :integer,
     peer: :string,
     alternate: :integer,
+    read_callers: :string,
+    busy: :integer,
+    floor: :boolean,
     order: :integer,
     quick: :boolean,
     out: :string
@@ -150,6 +180,17 @@ defmodule Mix.Tasks.Locks.Bench do
 
     alternate = alternate(opts[:alternate])
 
+    busy =
+      case opts[:busy] do
+        nil -> nil
+        k when k < 1 -> Mix.raise("locks.bench: --busy takes at least 1 load process, got #{k}")
+        _ when alternate == nil -> Mix.raise("locks.bench: --busy runs in --alternate mode only")
+        k -> k
+      end
+
+    if opts[:floor] && alternate == nil,
+      do: Mix.raise("locks.bench: --floor runs in --alternate mode only")
+
     peer =
       case {alternate, opts[:peer]} do
         # The alternated mode runs without Postgrex too, and says so.
@@ -168,7 +209,12 @@ defmodule Mix.Tasks.Locks.Bench do
       warmup: positive(opts, :warmup, if(quick, do: 300, else: 1000)),
       runs: positive(opts, :runs, 1),
       workloads: workloads,
-      cycle_callers: opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&caller_count/1),
+      cycle_callers:
+        opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&caller_count(&1, "--cycle-callers")),
+      read_callers:
+        opts[:read_callers] |> list(~w(10 50)) |> Enum.map(&caller_count(&1, "--read-callers")),
+      busy: busy,
+      floor: opts[:floor] || false,
       pool_size: pool_size,
       peer: peer,
       alternate: alternate,
@@ -201,10 +247,10 @@ defmodule Mix.Tasks.Locks.Bench do
   defp list(text, _default), do: text |> String.split(",", trim: true) |> Enum.map(&String.trim/1)
 
   # The rows of a workload are 50 per kind: caller k uses row k.
-  defp caller_count(text) do
+  defp caller_count(text, option) do
     case Integer.parse(text) do
       {n, ""} when n in 1..50 -> n
-      _ -> Mix.raise("locks.bench: --cycle-callers takes numbers from 1 to 50, got #{text}")
+      _ -> Mix.raise("locks.bench: #{option} takes numbers from 1 to 50, got #{text}")
     end
   end
 

@@ -66,6 +66,63 @@ defmodule PhoenixKitAgent.Turns.BenchAlternateTest do
     refute report =~ "BEGIN … COMMIT"
   end
 
+  # `--busy 1 --floor` on the held workload at 2 callers, 1 s a run: the
+  # load alone, then the library, pgbench and the floor, 5 times; about 30 s
+  # once the floor is built (a release build of the example the first time).
+  @tag timeout: 600_000
+  test "--busy and --floor add a baseline, the floor and the Busy VM section" do
+    out =
+      Path.join(System.tmp_dir!(), "locks_bench_busy_#{System.unique_integer([:positive])}.md")
+
+    on_exit(fn -> File.rm(out) end)
+
+    args =
+      ~w(--alternate 5 --busy 1 --floor --workloads held --read-callers 2 --duration 1 --warmup 100 --out) ++
+        [out]
+
+    log = capture_io(:stderr, fn -> capture_io(fn -> Mix.Tasks.Locks.Bench.run(args) end) end)
+
+    assert Regex.scan(~r/held ×2: (the load alone|library|pgbench|floor)$/m, log,
+             capture: :all_but_first
+           ) ==
+             List.duplicate([["the load alone"], ["library"], ["pgbench"], ["floor"]], 5)
+             |> Enum.concat()
+
+    report = File.read!(out)
+
+    assert report =~
+             "each time in this order: the load alone, library, pgbench, floor;"
+
+    # The floor's CPU is its own process's.
+    assert report =~
+             ~r/^\| held \| 2 \| held\? \| floor \| 5 \| [\d,]+ \| [\d,]+–[\d,]+ \| \d+\.\d \| \d+\.\d–\d+\.\d \|$/m
+
+    assert report =~ "## Busy VM (`--busy 1`)"
+
+    assert report =~
+             ~r/^\| held \| 2 \| the load alone \| – \| [\d,]+ \([\d,]+–[\d,]+\) \| – \| one unit: \d+\.\d\d µs \(\d+\.\d\d–\d+\.\d\d\) of one load process \|$/m
+
+    for side <- ~w(library pgbench floor) do
+      assert report =~
+               ~r/^\| held \| 2 \| #{side} \| [\d,]+ \([\d,]+–[\d,]+\) \| [\d,]+ \([\d,]+–[\d,]+\) \| -?\d+\.\d \(-?\d+\.\d–-?\d+\.\d\) \| \|$/m
+    end
+  end
+
+  test "--busy and --floor run in --alternate mode only, --busy with at least 1 process" do
+    for {args, message} <- [
+          {~w(--busy 2), "locks.bench: --busy runs in --alternate mode only"},
+          {~w(--floor), "locks.bench: --floor runs in --alternate mode only"},
+          {~w(--alternate 5 --busy 0), "locks.bench: --busy takes at least 1 load process, got 0"}
+        ] do
+      error =
+        assert_raise Mix.Error, fn ->
+          Mix.Tasks.Locks.Bench.run(args ++ ~w(--out /nonexistent/never.md))
+        end
+
+      assert error.message == message
+    end
+  end
+
   test "--alternate takes at least 5 runs a point" do
     error =
       assert_raise Mix.Error, fn ->
