@@ -37,7 +37,7 @@ use tokio_postgres::{CancelToken, Client};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::either::Either;
 
-use crate::error::{Error, Result};
+use crate::error::{describe, Error, Result};
 use crate::settings::{Location, Settings, SslMode};
 use crate::tls;
 
@@ -170,8 +170,8 @@ impl Connector {
         .map_err(|e| Error::Connect(e.to_string()))?;
         // Non-blocking already (tokio's): set again, so that a peek never waits.
         probe.set_nonblocking(true).map_err(|e| Error::Connect(e.to_string()))?;
-        let (client, connection) =
-            (self.login.connect_raw(socket, tls).await).map_err(|e| Error::connect(&e))?;
+        let (client, connection) = (self.login.connect_raw(socket, tls).await)
+            .map_err(|e| Error::Connect(describe(&e)))?;
         let now = Instant::now();
         Ok(Conn {
             client,

@@ -88,7 +88,7 @@ impl Repo {
         let params = job
             .params()
             .into_iter()
-            .zip(statement.params)
+            .zip(statement.def.params)
             .map(|(value, ty)| param(value, ty))
             .collect::<Result<_>>()?;
         Ok(Step::Run(Query { text: statement.text.clone(), params }))

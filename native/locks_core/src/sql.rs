@@ -485,22 +485,21 @@ pub(crate) const LOCKS: [&Def; 10] = [
     &RELEASE_USER,
 ];
 
-/// A statement ready to run on a pool's connections.
+/// A statement ready to run on a pool's connections: its [`Def`], filled in.
 #[derive(Clone, Debug)]
 pub(crate) struct Statement {
-    pub name: &'static str,
+    pub def: &'static Def,
     pub text: String,
-    pub params: &'static [Type],
 }
 
 impl Def {
     /// The statement with the placeholders filled in for `tables`.
-    pub fn fill(&self, tables: &Tables) -> Statement {
+    pub fn fill(&'static self, tables: &Tables) -> Statement {
         let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
             tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
         };
         Statement {
-            name: self.name,
+            def: self,
             text: self
                 .text
                 .replace("{chats}", &tables.chats)
@@ -509,7 +508,6 @@ impl Def {
                 .replace("{user_now}", tables.user_now)
                 .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
                 .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned())),
-            params: self.params,
         }
     }
 }
@@ -527,7 +525,7 @@ impl Statements {
 
     /// The statement of `def`, one of [`LOCKS`].
     pub fn get(&self, def: &Def) -> Option<&Statement> {
-        self.0.iter().find(|statement| statement.name == def.name)
+        self.0.iter().find(|statement| statement.def.name == def.name)
     }
 }
 
@@ -557,15 +555,15 @@ mod tests {
     fn every_parameter_has_its_type() {
         for statement in &statements(None).0 {
             let used = (1..=9).filter(|n| statement.text.contains(&format!("${n}"))).count();
-            assert_eq!(used, statement.params.len(), "{}", statement.name);
+            assert_eq!(used, statement.def.params.len(), "{}", statement.def.name);
         }
     }
 
     #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
         for statement in &statements(None).0 {
-            assert!(!statement.text.contains("updated_at"), "{}", statement.name);
-            assert!(!statement.text.contains("clock_timestamp"), "{}", statement.name);
+            assert!(!statement.text.contains("updated_at"), "{}", statement.def.name);
+            assert!(!statement.text.contains("clock_timestamp"), "{}", statement.def.name);
         }
     }
 
@@ -575,7 +573,7 @@ mod tests {
             user_fills: vec![("\"updated_at\"".into(), "now()")],
             ..Tables::from_catalog(None, &shipped()).expect("shipped tables")
         };
-        for def in [ACQUIRE, ACQUIRE_USER] {
+        for def in [&ACQUIRE, &ACQUIRE_USER] {
             let statement = def.fill(&tables);
             let (insert, update) = statement.text.split_once("ON CONFLICT").expect("an upsert");
             assert!(insert.contains("busy_turn_ref, \"updated_at\")"), "{insert}");
@@ -607,7 +605,7 @@ mod tests {
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();
         for job in &jobs {
             let statement = statements.get(job.statement()).expect("built by the pool");
-            assert_eq!(job.params().len(), statement.params.len(), "{}", statement.name);
+            assert_eq!(job.params().len(), statement.def.params.len(), "{}", statement.def.name);
         }
         names.sort_unstable();
         names.dedup();
