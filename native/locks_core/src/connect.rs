@@ -151,7 +151,7 @@ impl Connector {
             other => other,
         });
         match &result {
-            Ok(_) => self.backoff().succeeded(),
+            Ok(_) => *self.backoff() = Backoff::default(),
             Err(err) => self.backoff().failed(Instant::now(), err),
         }
         result
@@ -186,15 +186,13 @@ impl Connector {
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
     async fn socket(&self) -> Result<(Socket, Tls)> {
-        let socket = match &self.location {
-            Location::SocketDir(_) => UnixStream::connect(&self.peer).await.map(Either::Right),
-            Location::Host(host) => tcp(host, self.port).await,
+        let (socket, server) = match &self.location {
+            Location::SocketDir(_) => {
+                (UnixStream::connect(&self.peer).await.map(Either::Right), "localhost")
+            }
+            Location::Host(host) => (tcp(host, self.port).await, host.as_str()),
         };
         let socket = socket.map_err(|e| Error::Connect(e.to_string()))?;
-        let server = match &self.location {
-            Location::Host(host) => host.as_str(),
-            Location::SocketDir(_) => "localhost",
-        };
         let tls = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
         Ok((socket, tls.map_err(|never| match never {})?))
     }
@@ -266,7 +264,7 @@ fn tune(stream: &TcpStream) -> io::Result<()> {
 
 /// Spaces attempts after a failure: [`BACKOFF_MIN`], doubling to
 /// [`BACKOFF_MAX`], each pause shortened by up to a quarter at random so that
-/// many nodes do not retry in step. Reset by a success.
+/// many nodes do not retry in step. Reset by a success (a new one).
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
     failures: u32,
@@ -298,10 +296,6 @@ impl Backoff {
             Error::Connect(message) => message.clone(),
             other => other.to_string(),
         });
-    }
-
-    fn succeeded(&mut self) {
-        *self = Backoff::default();
     }
 }
 
@@ -443,7 +437,7 @@ mod tests {
             "{message:?}"
         );
 
-        backoff.succeeded();
+        backoff = Backoff::default();
         assert!(backoff.refusal(start).is_none());
         backoff.failed(start, &refused);
         assert!(backoff.retry_at.is_some_and(|at| at - start <= BACKOFF_MIN));
