@@ -1,7 +1,7 @@
 //! The errors of the library, one enum, mapped to Elixir exceptions in one
 //! place (the NIF's `error.rs`).
 //!
-//! Contention is never an error: a busy lock is an [`crate::Acquire`] outcome.
+//! Contention is never an error: a busy lock is a [`crate::Busy`] answer.
 //! An error means the call could not be answered. Each variant says how far
 //! the call got, which is what a caller needs to know to recover:
 //!

@@ -134,7 +134,7 @@ fn param(value: &(dyn ToSql + Sync), ty: &Type) -> Result<Param> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Acquire, ClickRef, Hold, Ttl, TurnRef, Uuid};
+    use crate::{Busy, ClickRef, Hold, Ttl, TurnRef, Uuid};
 
     // The rows of sql::COLUMNS for the shipped tables, as a repo returns them.
     fn shipped_columns() -> Vec<Vec<Value>> {
@@ -193,7 +193,7 @@ mod tests {
         let click = ClickRef::new("click:1").expect("a click ref");
         let hold = Hold::new(10, ttl).expect("a hold");
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];
-        assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Acquire(Acquire::ClickInFlight)));
+        assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Busy(Busy::ClickInFlight)));
         let keep_user = Job::KeepUser(user, click, ttl, hold);
         assert_eq!(repo.answer(&keep_user, &[]).ok(), Some(Answer::Yes(false)));
     }
