@@ -109,13 +109,12 @@ impl LockPool {
     /// the others as their calls end; every later call fails with
     /// [`Error::NotStarted`].
     pub fn close(&self) {
-        let idle = {
+        drop({
             let mut conns = self.conns();
             conns.closed = true;
             conns.open -= conns.idle.len();
             std::mem::take(&mut conns.idle)
-        };
-        drop(idle);
+        });
     }
 
     /// Runs `job`'s one statement within `deadline` on a pooled connection,
@@ -172,7 +171,14 @@ impl LockPool {
                 }
                 idle
             };
-            let Some(pooled) = idle else { return self.open(deadline) };
+            let Some(pooled) = idle else {
+                // Counted open above; uncounted if it fails.
+                let opened = Pooled::open(&self.connector, deadline);
+                if opened.is_err() {
+                    self.conns().open -= 1;
+                }
+                return opened;
+            };
             if !pooled.conn.quiet() {
                 pooled.runtime.block_on(catch_up());
             }
@@ -183,26 +189,15 @@ impl LockPool {
         }
     }
 
-    /// A new connection, counted open by `checkout`; uncounted if it fails.
-    fn open(&self, deadline: Deadline) -> Result<Pooled> {
-        let opened = Pooled::open(&self.connector, deadline);
-        if opened.is_err() {
-            self.conns().open -= 1;
-        }
-        opened
-    }
-
     /// A connection back from a call that answered: idle again, or closed
     /// when the pool was closed meanwhile.
     fn checkin(&self, conn: Pooled) {
         let mut conns = self.conns();
-        if conns.closed {
-            conns.open -= 1;
-            drop(conns);
-            drop(conn);
-        } else {
-            conns.idle.push(conn);
+        if !conns.closed {
+            return conns.idle.push(conn);
         }
+        // Closed after the lock is released: `conns` is dropped before `conn`.
+        conns.open -= 1;
     }
 
     /// Takes a connection out of the pool for good, in an unknown state (its
@@ -226,8 +221,7 @@ impl LockPool {
             conns.open -= 1 + doubtful.len();
             doubtful
         };
-        drop(conn);
-        drop(doubtful);
+        drop((conn, doubtful));
     }
 
     /// The statements, built on the first call from what the catalog says
