@@ -136,29 +136,6 @@ mod tests {
     use super::*;
     use crate::{Busy, ClickRef, Hold, Ttl, TurnRef, Uuid};
 
-    // The rows of sql::COLUMNS for the shipped tables, as a repo returns them.
-    fn shipped_columns() -> Vec<Vec<Value>> {
-        let text = |t: Option<String>| t.map_or(Value::Null, Value::Text);
-        schema::tests::shipped()
-            .columns
-            .into_iter()
-            .map(|c| {
-                vec![
-                    Value::Bool(c.chats),
-                    Value::Bool(true),
-                    Value::Text(c.name),
-                    Value::Text(c.type_name),
-                    Value::Text(c.sql_type),
-                    c.max_chars.map_or(Value::Null, Value::Int),
-                    Value::Bool(c.not_null),
-                    Value::Bool(c.has_default),
-                    Value::Bool(c.unique),
-                    text(c.deferrable),
-                ]
-            })
-            .collect()
-    }
-
     #[test]
     fn the_repo_runs_the_pools_statement_text_with_the_jobs_parameters() {
         let repo = Repo::new(Some("phoenix_kit".into()));
@@ -178,7 +155,7 @@ mod tests {
             Some(Step::Columns(Query { text: sql::COLUMNS.text.into(), params: names }))
         );
 
-        assert!(repo.columns(&shipped_columns()).is_ok());
+        assert!(repo.columns(&schema::tests::shipped_rows()).is_ok());
         let tables = Tables::from_catalog(Some("phoenix_kit"), &schema::tests::shipped()).ok();
         let text = tables.map(|tables| sql::ACQUIRE.fill(&tables).text);
         let params = vec![
@@ -201,7 +178,7 @@ mod tests {
     #[test]
     fn tables_the_statements_cannot_use_are_the_pools_config_error() {
         let repo = Repo::new(None);
-        let mut columns = shipped_columns();
+        let mut columns = schema::tests::shipped_rows();
         columns.retain(|c| c.get(2) != Some(&Value::Text("busy_turn_ref".into())));
         let err = repo.columns(&columns).err().map(|e| e.to_string());
         assert!(

@@ -349,37 +349,42 @@ impl Tables {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+    use crate::Value;
 
-    fn column(chats: bool, name: &str, type_name: &str, not_null: bool, key: bool) -> Column {
-        Column {
-            chats,
-            name: name.into(),
-            type_name: type_name.into(),
-            sql_type: type_name.into(),
-            max_chars: None,
-            not_null,
-            has_default: name.ends_with("_at"),
-            unique: key,
-            deferrable: None,
-        }
+    /// The rows of `sql::COLUMNS` for the shipped tables, as a repo returns them.
+    pub(crate) fn shipped_rows() -> Vec<Vec<Value>> {
+        use Value::{Bool, Null, Text};
+        let column = |chats, name: &str, ty: &str, not_null, key| {
+            let at = name.ends_with("_at");
+            let [name, ty] = [name, ty].map(|text| Text(text.into()));
+            vec![
+                Bool(chats),
+                Bool(true),
+                name,
+                ty.clone(),
+                ty,
+                Null,
+                Bool(not_null),
+                Bool(at),
+                Bool(key),
+                Null,
+            ]
+        };
+        vec![
+            column(true, "uuid", "uuid", true, true),
+            column(true, "busy_since", "timestamptz", false, false),
+            column(true, "busy_turn_ref", "text", false, false),
+            column(false, "user_uuid", "uuid", true, true),
+            column(false, "busy_since", "timestamptz", false, false),
+            column(false, "busy_turn_ref", "text", false, false),
+            column(false, "inserted_at", "timestamptz", true, false),
+            column(false, "updated_at", "timestamptz", true, false),
+        ]
     }
 
     /// The shipped tables, as the catalog describes them.
     pub(crate) fn shipped() -> Catalog {
-        Catalog {
-            chats_found: true,
-            users_found: true,
-            columns: vec![
-                column(true, "uuid", "uuid", true, true),
-                column(true, "busy_since", "timestamptz", false, false),
-                column(true, "busy_turn_ref", "text", false, false),
-                column(false, "user_uuid", "uuid", true, true),
-                column(false, "busy_since", "timestamptz", false, false),
-                column(false, "busy_turn_ref", "text", false, false),
-                column(false, "inserted_at", "timestamptz", true, false),
-                column(false, "updated_at", "timestamptz", true, false),
-            ],
-        }
+        Catalog::from_rows(&shipped_rows()).expect("the shipped tables' columns")
     }
 
     /// The message of the error the shipped tables give once `change` made
