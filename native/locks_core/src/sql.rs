@@ -381,6 +381,20 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
     params: &[Type::UUID, Type::TEXT],
 };
 
+/// [`HELD_LOCKS`]' rows of one table: `$kind`, its key `$id`, by its clock `$now`.
+#[rustfmt::skip]
+macro_rules! held {
+    ($kind:literal, $id:literal, $table:literal, $now:literal) => {
+        concat!("SELECT ", $kind, " AS kind, ", $id, "::text AS id, busy_turn_ref::text AS ref,
+         (extract(epoch FROM s.busy_since) * 1000000)::int8 AS since,
+         extract(epoch FROM ", $now, " - s.busy_since)::float8 AS age,
+         coalesce(", stale!("s.", $now, "$1"), ", true) AS stale
+  FROM ", $table, ", LATERAL (SELECT CASE WHEN isfinite(busy_since)
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
+  WHERE busy_turn_ref IS NOT NULL")
+    };
+}
+
 /// Every lock taken, for an operator to see what is stuck: chats and users
 /// whose `busy_turn_ref` names a holder, the oldest first, at most 1000 (a
 /// listing for a person, not an export).
@@ -407,21 +421,9 @@ pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
     text: concat!("
 SELECT * FROM (
-  SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
-         (extract(epoch FROM s.busy_since) * 1000000)::int8 AS since,
-         extract(epoch FROM {chat_now} - s.busy_since)::float8 AS age,
-         coalesce(", stale!("s.", "{chat_now}", "$1"), ", true) AS stale
-  FROM {chats}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
-    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
-  WHERE busy_turn_ref IS NOT NULL
+  ", held!("'chat'", "uuid", "{chats}", "{chat_now}"), "
   UNION ALL
-  SELECT 'user', user_uuid::text, busy_turn_ref::text,
-         (extract(epoch FROM s.busy_since) * 1000000)::int8,
-         extract(epoch FROM {user_now} - s.busy_since)::float8,
-         coalesce(", stale!("s.", "{user_now}", "$1"), ", true)
-  FROM {users}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
-    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
-  WHERE busy_turn_ref IS NOT NULL
+  ", held!("'user'", "user_uuid", "{users}", "{user_now}"), "
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
 LIMIT 1000"),
