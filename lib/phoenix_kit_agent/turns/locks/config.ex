@@ -369,10 +369,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
       path when is_binary(path) ->
         port =
-          case Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path) do
-            [_, port] -> [port: String.to_integer(port)]
-            nil -> []
-          end
+          for [_, p] <- [Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path)],
+              do: {:port, String.to_integer(p)}
 
         [socket_dir: check!(:socket_dir, Path.dirname(path), "#{name}.config()[:socket]")] ++ port
 
