@@ -112,10 +112,8 @@ impl Connector {
     /// Checks what can be checked without connecting (the CA file is read).
     pub fn new(settings: &Settings) -> Result<Self> {
         let (location, port) = (settings.location(), settings.port()?);
-        let mode = match location {
-            Location::SocketDir(_) => SslMode::Disable,
-            Location::Host(_) => settings.sslmode,
-        };
+        let unix = matches!(location, Location::SocketDir(_));
+        let mode = if unix { SslMode::Disable } else { settings.sslmode };
         let mut login = tokio_postgres::Config::new();
         login
             .user(&settings.username)
