@@ -358,50 +358,28 @@ mod tests {
 
     #[tokio::test]
     async fn connect_errors_name_the_host_and_port_or_the_socket() {
-        let port = peer(None).await;
-        let silent = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Prefer).await;
-        assert_eq!(
-            silent,
-            format!("database connection failed: 127.0.0.1:{port}: no connection within 300 ms")
-        );
-
+        use SslMode::{Disable, Prefer};
+        let local = |port| (Location::Host("127.0.0.1".into()), port, format!("127.0.0.1:{port}"));
+        let silent = local(peer(None).await);
         // Not PostgreSQL: an HTTP server's answer to the startup message.
-        let port = peer(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await;
-        let http = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Disable).await;
-        assert_eq!(
-            http,
-            format!(
-                "database connection failed: 127.0.0.1:{port}: \
-                 error communicating with the server: bytes remaining on stream"
-            )
-        );
-
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-            listener.local_addr().expect("address").port()
-        };
-        let refused = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Prefer).await;
-        assert_eq!(
-            refused,
-            format!(
-                "database connection failed: 127.0.0.1:{port}: \
-                 Connection refused (os error 111)"
-            )
-        );
-
-        let v6 = refusal(Location::Host("::1".into()), port, SslMode::Prefer).await;
-        assert!(v6.starts_with(&format!("database connection failed: [::1]:{port}: ")), "{v6}");
-
+        let http = local(peer(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
+        let closed = closed.expect("a free port").port();
         let socket =
-            refusal(Location::SocketDir("/nonexistent".into()), 5432, SslMode::Prefer).await;
-        assert_eq!(
-            socket,
-            "database connection failed: /nonexistent/.s.PGSQL.5432: \
-             No such file or directory (os error 2)"
-        );
-        for message in [silent, http, refused, socket] {
+            (Location::SocketDir("/nonexistent".into()), 5432, "/nonexistent/.s.PGSQL.5432".into());
+        for ((location, port, peer), sslmode, cause) in [
+            (silent, Prefer, "no connection within 300 ms"),
+            (http, Disable, "error communicating with the server: bytes remaining on stream"),
+            (local(closed), Prefer, "Connection refused (os error 111)"),
+            (socket, Prefer, "No such file or directory (os error 2)"),
+        ] {
+            let message = refusal(location, port, sslmode).await;
+            assert_eq!(message, format!("database connection failed: {peer}: {cause}"));
             assert!(!message.contains("secret-pw"), "{message}");
         }
+
+        let v6 = refusal(Location::Host("::1".into()), closed, Prefer).await;
+        assert!(v6.starts_with(&format!("database connection failed: [::1]:{closed}: ")), "{v6}");
     }
 
     #[test]
