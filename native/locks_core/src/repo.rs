@@ -134,17 +134,12 @@ fn param(value: &(dyn ToSql + Sync), ty: &Type) -> Result<Param> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Busy, ClickRef, Hold, Ttl, TurnRef, Uuid};
+    use crate::Busy;
 
     #[test]
     fn the_repo_runs_the_pools_statement_text_with_the_jobs_parameters() {
         let repo = Repo::new(Some("phoenix_kit".into()));
-        let chat = Uuid::from_bytes(&[1; 16]).expect("16 bytes");
-        let user = Uuid::from_bytes(&[2; 16]).expect("16 bytes");
-        let turn = TurnRef::new("turn-1").expect("a turn ref");
-        let ttl = Ttl::new(60).expect("a ttl");
-        let job = Job::Acquire(chat, user, turn, ttl, Hold::new(15, ttl).expect("a hold"));
-
+        let [job, _, _, _, _, keep_user, ..] = sql::tests::every_job();
         let columns = repo.step(&job).ok();
         let names = vec![
             Param::Text("\"phoenix_kit\".phoenix_kit_agent_conversations".into()),
@@ -161,17 +156,14 @@ mod tests {
         let params = vec![
             Param::Uuid([1; 16]),
             Param::Uuid([2; 16]),
-            Param::Text("turn-1".into()),
+            Param::Text("turn".into()),
             Param::Int(60),
-            Param::Int(15),
+            Param::Int(10),
         ];
         assert_eq!(repo.step(&job).ok(), text.map(|text| Step::Run(Query { text, params })));
 
-        let click = ClickRef::new("click:1").expect("a click ref");
-        let hold = Hold::new(10, ttl).expect("a hold");
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];
         assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Busy(Busy::ClickInFlight)));
-        let keep_user = Job::KeepUser(user, click, ttl, hold);
         assert_eq!(repo.answer(&keep_user, &[]).ok(), Some(Answer::Yes(false)));
     }
 

@@ -532,7 +532,7 @@ impl Statements {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::schema::tests::shipped;
     use crate::{ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
@@ -571,15 +571,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
+    /// One job of each function: chat `[1; 16]`, user `[2; 16]`, refs `turn`
+    /// and `click:1`, TTL 60, hold 10.
+    pub(crate) fn every_job() -> [Job; 10] {
         let id = |byte| Uuid::from_bytes(&[byte; 16]).expect("16 bytes");
         let (chat, user) = (id(1), id(2));
         let turn = TurnRef::new("turn").expect("a turn ref");
         let click = ClickRef::new("click:1").expect("a click ref");
         let ttl = Ttl::new(60).expect("a ttl");
         let hold = Hold::new(10, ttl).expect("a hold");
-        let jobs = [
+        [
             Job::Acquire(chat, user, turn.clone(), ttl, hold),
             Job::AcquireUser(user, click.clone(), ttl, hold),
             Job::Fresh(chat, turn.clone(), ttl),
@@ -590,7 +591,12 @@ mod tests {
             Job::Release(chat, user, turn.clone()),
             Job::ReleaseStale(chat, user, turn, ttl),
             Job::ReleaseUser(user, click),
-        ];
+        ]
+    }
+
+    #[test]
+    fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
+        let jobs = every_job();
         let statements = statements();
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();
         for job in &jobs {
