@@ -129,8 +129,7 @@ impl LockPool {
         let answer = runtime.block_on(async {
             tokio::time::timeout_at(deadline.at.into(), async {
                 let statements = self.statements(conn).await?;
-                // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
-                let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
+                let statement = statements.get(def)?;
                 loop {
                     match run(conn, self.settings.prepare, statement, &params).await {
                         Err(err) if err.is_retryable() => continue,

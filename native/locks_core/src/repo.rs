@@ -83,8 +83,7 @@ impl Repo {
             }));
         };
         let def = job.statement();
-        // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
-        let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
+        let statement = statements.get(def)?;
         let params = job
             .params()
             .into_iter()

@@ -42,6 +42,7 @@
 
 use tokio_postgres::types::Type;
 
+use crate::error::{Error, Result};
 use crate::schema::{table_names, Tables};
 
 /// A statement: its name (the Elixir function that runs it, and the key of
@@ -526,8 +527,10 @@ impl Statements {
     }
 
     /// The statement of `def`, one of [`LOCKS`].
-    pub fn get(&self, def: &Def) -> Option<&Statement> {
-        self.0.iter().find(|statement| statement.def.name == def.name)
+    pub fn get(&self, def: &Def) -> Result<&Statement> {
+        // Every job's statement is one of LOCKS (a test below holds it).
+        let found = self.0.iter().find(|statement| statement.def.name == def.name);
+        found.ok_or_else(|| Error::unexpected(def.name))
     }
 }
 
