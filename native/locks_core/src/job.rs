@@ -119,10 +119,10 @@ impl Job {
                 let row = only(rows)?;
                 match (row.bool(0)?, row.text(1)?) {
                     (true, _) => Answer::Ok,
-                    // No user holder: the chat was busy, the user row never
-                    // touched. The user's lock ours but the chat not written
-                    // is impossible while the chat row is locked, but never
-                    // report an acquisition that did not happen.
+                    // No holder: the chat was busy, the user row untouched.
+                    // The user's lock ours with the chat not written is
+                    // impossible while the chat row is locked; it is busy,
+                    // never reported as an acquisition that did not happen.
                     (false, holder) => Answer::Busy(
                         holder
                             .and_then(|h| Busy::user(h, &turn.0))

@@ -15,11 +15,8 @@ impl Busy {
     /// Who holds the user's lock, after a statement returned its `holder`;
     /// `None` when it is `mine`.
     pub(crate) fn user(holder: &str, mine: &str) -> Option<Self> {
-        match holder {
-            _ if holder == mine => None,
-            _ if crate::args::is_click_ref(holder) => Some(Busy::ClickInFlight),
-            _ => Some(Busy::TurnInFlight),
-        }
+        let click = crate::args::is_click_ref(holder);
+        (holder != mine).then_some(if click { Busy::ClickInFlight } else { Busy::TurnInFlight })
     }
 }
 
