@@ -107,7 +107,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp bit_length(0), do: 0
   defp bit_length(n), do: bit_length(Bitwise.bsr(n, 1)) + 1
 
-  @doc "The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far."
+  # The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far.
   def counts do
     {counters, index} = :persistent_term.get(@counters, {nil, %{}})
 

@@ -12,7 +12,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
 
   @key {__MODULE__, :repo}
 
-  @doc "Installs the mode of `Config.testing/0`'s answer (or clears it); that answer."
+  # Installs the mode of `Config.testing/0`'s answer (or clears it); that answer.
   def start({:sandbox, repo, prefix} = testing) do
     :ok = Native.repo_start(prefix)
     :persistent_term.put(@key, repo)
@@ -24,10 +24,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
     :disabled
   end
 
-  @doc "The host's repo under `testing: :sandbox`, else nil (one read of a persistent term)."
+  # The host's repo under `testing: :sandbox`, else nil (one read of a persistent term).
   def repo, do: :persistent_term.get(@key, nil)
 
-  @doc "The answer of lock call `function` with its checked `args`, from `repo`."
+  # The answer of lock call `function` with its checked `args`, from `repo`.
   def call(repo, function, args) do
     case Native.repo_step(function, args) do
       {:columns, sql, params} ->
