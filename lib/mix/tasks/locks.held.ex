@@ -38,10 +38,7 @@ defmodule Mix.Tasks.Locks.Held do
           )
       end
 
-    case locks do
-      [] -> Mix.shell().info("no lock is taken")
-      locks -> Mix.shell().info(table(locks))
-    end
+    Mix.shell().info(if locks == [], do: "no lock is taken", else: table(locks))
   end
 
   @doc false

@@ -149,31 +149,3 @@ mod decode {
         Hold: |seconds| Hold::new(seconds, Ttl(MAX_TTL_S));
     }
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn each_argument_is_taken_up_to_its_limit_and_not_past_it() {
-        let long = |n| "t".repeat(n);
-        assert!(TurnRef::new(&long(MAX_REF_BYTES)).is_some());
-        assert!(TurnRef::new(&long(MAX_REF_BYTES + 1)).is_none());
-        assert!(TurnRef::new(&"é".repeat(128)).is_none());
-        assert!(TurnRef::new("").is_none() && TurnRef::new("t\0").is_none());
-        assert!(TurnRef::new("click:1").is_none() && ClickRef::new("turn-1").is_none());
-        assert!(ClickRef::new(&format!("click:{}", "0".repeat(MAX_REF_BYTES - 6))).is_some());
-        assert!(ClickRef::new(&format!("click:{}", "0".repeat(MAX_REF_BYTES - 5))).is_none());
-
-        let max = i64::from(MAX_TTL_S);
-        assert_eq!([0, 1, max, max + 1].map(|s| Ttl::new(s).is_some()), [false, true, true, false]);
-        let ttl = Ttl::new(60).expect("a ttl");
-        assert_eq!([0, 1, 60, 61].map(|s| Hold::new(s, ttl).is_some()), [false, true, true, false]);
-
-        // A hold decoded alone is only within the longest TTL: the job checks it against its own.
-        let (user, click) = (Uuid([1; 16]), ClickRef::new("click:1").expect("a click ref"));
-        let hold = |s| Hold::new(s, Ttl(MAX_TTL_S)).expect("a hold");
-        let job = |s| crate::Job::KeepUser(user, click.clone(), ttl, hold(s)).checked().is_some();
-        assert_eq!([60, 61].map(job), [true, false]);
-    }
-}

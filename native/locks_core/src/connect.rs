@@ -37,7 +37,7 @@ use tokio_postgres::{CancelToken, Client};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::either::Either;
 
-use crate::error::{Error, Result};
+use crate::error::{describe, Error, Result};
 use crate::settings::{Location, Settings, SslMode};
 use crate::tls;
 
@@ -112,10 +112,8 @@ impl Connector {
     /// Checks what can be checked without connecting (the CA file is read).
     pub fn new(settings: &Settings) -> Result<Self> {
         let (location, port) = (settings.location(), settings.port()?);
-        let mode = match location {
-            Location::SocketDir(_) => SslMode::Disable,
-            Location::Host(_) => settings.sslmode,
-        };
+        let unix = matches!(location, Location::SocketDir(_));
+        let mode = if unix { SslMode::Disable } else { settings.sslmode };
         let mut login = tokio_postgres::Config::new();
         login
             .user(&settings.username)
@@ -151,7 +149,7 @@ impl Connector {
             other => other,
         });
         match &result {
-            Ok(_) => self.backoff().succeeded(),
+            Ok(_) => *self.backoff() = Backoff::default(),
             Err(err) => self.backoff().failed(Instant::now(), err),
         }
         result
@@ -170,8 +168,8 @@ impl Connector {
         .map_err(|e| Error::Connect(e.to_string()))?;
         // Non-blocking already (tokio's): set again, so that a peek never waits.
         probe.set_nonblocking(true).map_err(|e| Error::Connect(e.to_string()))?;
-        let (client, connection) =
-            (self.login.connect_raw(socket, tls).await).map_err(|e| Error::connect(&e))?;
+        let (client, connection) = (self.login.connect_raw(socket, tls).await)
+            .map_err(|e| Error::Connect(describe(&e)))?;
         let now = Instant::now();
         Ok(Conn {
             client,
@@ -186,15 +184,13 @@ impl Connector {
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
     async fn socket(&self) -> Result<(Socket, Tls)> {
-        let socket = match &self.location {
-            Location::SocketDir(_) => UnixStream::connect(&self.peer).await.map(Either::Right),
-            Location::Host(host) => tcp(host, self.port).await,
+        let (socket, server) = match &self.location {
+            Location::SocketDir(_) => {
+                (UnixStream::connect(&self.peer).await.map(Either::Right), "localhost")
+            }
+            Location::Host(host) => (tcp(host, self.port).await, host.as_str()),
         };
         let socket = socket.map_err(|e| Error::Connect(e.to_string()))?;
-        let server = match &self.location {
-            Location::Host(host) => host.as_str(),
-            Location::SocketDir(_) => "localhost",
-        };
         let tls = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
         Ok((socket, tls.map_err(|never| match never {})?))
     }
@@ -266,7 +262,7 @@ fn tune(stream: &TcpStream) -> io::Result<()> {
 
 /// Spaces attempts after a failure: [`BACKOFF_MIN`], doubling to
 /// [`BACKOFF_MAX`], each pause shortened by up to a quarter at random so that
-/// many nodes do not retry in step. Reset by a success.
+/// many nodes do not retry in step. Reset by a success (a new one).
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
     failures: u32,
@@ -298,10 +294,6 @@ impl Backoff {
             Error::Connect(message) => message.clone(),
             other => other.to_string(),
         });
-    }
-
-    fn succeeded(&mut self) {
-        *self = Backoff::default();
     }
 }
 
@@ -366,50 +358,28 @@ mod tests {
 
     #[tokio::test]
     async fn connect_errors_name_the_host_and_port_or_the_socket() {
-        let port = peer(None).await;
-        let silent = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Prefer).await;
-        assert_eq!(
-            silent,
-            format!("database connection failed: 127.0.0.1:{port}: no connection within 300 ms")
-        );
-
+        use SslMode::{Disable, Prefer};
+        let local = |port| (Location::Host("127.0.0.1".into()), port, format!("127.0.0.1:{port}"));
+        let silent = local(peer(None).await);
         // Not PostgreSQL: an HTTP server's answer to the startup message.
-        let port = peer(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await;
-        let http = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Disable).await;
-        assert_eq!(
-            http,
-            format!(
-                "database connection failed: 127.0.0.1:{port}: \
-                 error communicating with the server: bytes remaining on stream"
-            )
-        );
-
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("listen");
-            listener.local_addr().expect("address").port()
-        };
-        let refused = refusal(Location::Host("127.0.0.1".into()), port, SslMode::Prefer).await;
-        assert_eq!(
-            refused,
-            format!(
-                "database connection failed: 127.0.0.1:{port}: \
-                 Connection refused (os error 111)"
-            )
-        );
-
-        let v6 = refusal(Location::Host("::1".into()), port, SslMode::Prefer).await;
-        assert!(v6.starts_with(&format!("database connection failed: [::1]:{port}: ")), "{v6}");
-
+        let http = local(peer(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n")).await);
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr());
+        let closed = closed.expect("a free port").port();
         let socket =
-            refusal(Location::SocketDir("/nonexistent".into()), 5432, SslMode::Prefer).await;
-        assert_eq!(
-            socket,
-            "database connection failed: /nonexistent/.s.PGSQL.5432: \
-             No such file or directory (os error 2)"
-        );
-        for message in [silent, http, refused, socket] {
+            (Location::SocketDir("/nonexistent".into()), 5432, "/nonexistent/.s.PGSQL.5432".into());
+        for ((location, port, peer), sslmode, cause) in [
+            (silent, Prefer, "no connection within 300 ms"),
+            (http, Disable, "error communicating with the server: bytes remaining on stream"),
+            (local(closed), Prefer, "Connection refused (os error 111)"),
+            (socket, Prefer, "No such file or directory (os error 2)"),
+        ] {
+            let message = refusal(location, port, sslmode).await;
+            assert_eq!(message, format!("database connection failed: {peer}: {cause}"));
             assert!(!message.contains("secret-pw"), "{message}");
         }
+
+        let v6 = refusal(Location::Host("::1".into()), closed, Prefer).await;
+        assert!(v6.starts_with(&format!("database connection failed: [::1]:{closed}: ")), "{v6}");
     }
 
     #[test]
@@ -443,7 +413,7 @@ mod tests {
             "{message:?}"
         );
 
-        backoff.succeeded();
+        backoff = Backoff::default();
         assert!(backoff.refusal(start).is_none());
         backoff.failed(start, &refused);
         assert!(backoff.retry_at.is_some_and(|at| at - start <= BACKOFF_MIN));

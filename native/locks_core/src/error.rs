@@ -1,7 +1,7 @@
 //! The errors of the library, one enum, mapped to Elixir exceptions in one
 //! place (the NIF's `error.rs`).
 //!
-//! Contention is never an error: a busy lock is an [`crate::Acquire`] outcome.
+//! Contention is never an error: a busy lock is a [`crate::Busy`] answer.
 //! An error means the call could not be answered. Each variant says how far
 //! the call got, which is what a caller needs to know to recover:
 //!
@@ -87,13 +87,6 @@ impl Error {
         }
     }
 
-    /// What a failure to open a connection is: the server's refusal (a bad
-    /// password 28P01, too many clients 53300, no such database 3D000) or
-    /// the network's, named with its cause.
-    pub(crate) fn connect(err: &tokio_postgres::Error) -> Self {
-        Error::Connect(describe(err))
-    }
-
     /// What a failure while a statement was in flight on a connection is:
     /// a refusal of the statement (the connection is fine), or the loss of
     /// the connection (a FATAL error from the server, an I/O error, a closed
@@ -116,11 +109,6 @@ impl Error {
             if sqlstate == SqlState::T_R_SERIALIZATION_FAILURE.code()
                 || sqlstate == SqlState::T_R_DEADLOCK_DETECTED.code())
     }
-
-    /// Whether the connection the error came from is lost.
-    pub(crate) fn lost_connection(&self) -> bool {
-        matches!(self, Error::Disconnected(_))
-    }
 }
 
 /// A FATAL or PANIC error ends the server's session: `57P01` (an
@@ -134,8 +122,10 @@ fn ends_session(db: &DbError) -> bool {
 
 /// tokio-postgres' message with its cause appended (its Display leaves the
 /// source out: "error connecting to server" alone names nothing), or the
-/// server's message and SQLSTATE.
-fn describe(err: &tokio_postgres::Error) -> String {
+/// server's message and SQLSTATE: a failure to open a connection is the
+/// server's refusal (a bad password 28P01, too many clients 53300, no such
+/// database 3D000) or the network's, named with its cause.
+pub(crate) fn describe(err: &tokio_postgres::Error) -> String {
     if let Some(db) = err.as_db_error() {
         return format!("{} ({})", db.message(), db.code().code());
     }

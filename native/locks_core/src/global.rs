@@ -3,7 +3,7 @@
 //! driven by the calls that hold them (see [`LockPool`]), so nothing here
 //! runs in the background.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::error::{Error, Result};
 use crate::pool::LockPool;
@@ -14,20 +14,20 @@ static CURRENT: RwLock<Option<Arc<LockPool>>> = RwLock::new(None);
 /// Builds a pool from `settings` and installs it, closing the one before.
 pub fn start(settings: Settings) -> Result<Arc<LockPool>> {
     let locks = Arc::new(LockPool::new(settings)?);
-    let previous = {
-        let mut current = CURRENT.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        current.replace(locks.clone())
-    };
-    if let Some(previous) = previous {
-        previous.close();
-    }
+    install(Some(locks.clone()));
     Ok(locks)
 }
 
 /// Closes and uninstalls the pool; calls fail with [`Error::NotStarted`] until
 /// the next [`start`].
 pub fn stop() {
-    let previous = CURRENT.write().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    install(None);
+}
+
+/// Installs `pool` in place of the pool before, which is closed.
+fn install(pool: Option<Arc<LockPool>>) {
+    let previous =
+        std::mem::replace(&mut *CURRENT.write().unwrap_or_else(PoisonError::into_inner), pool);
     if let Some(previous) = previous {
         previous.close();
     }
@@ -35,5 +35,5 @@ pub fn stop() {
 
 /// The installed pool.
 pub fn current() -> Result<Arc<LockPool>> {
-    CURRENT.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone().ok_or(Error::NotStarted)
+    CURRENT.read().unwrap_or_else(PoisonError::into_inner).clone().ok_or(Error::NotStarted)
 }

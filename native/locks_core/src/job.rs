@@ -6,7 +6,7 @@
 
 use tokio_postgres::types::ToSql;
 
-use crate::outcome::{Acquire, AcquireUser, HeldLock};
+use crate::outcome::{Busy, HeldLock};
 use crate::row::{only, Row};
 use crate::sql::{self, Def};
 use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
@@ -46,14 +46,13 @@ pub enum Job {
 /// What a [`Job`] answered.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Answer {
-    /// `acquire/4`, `acquire/5`.
-    Acquire(Acquire),
-    /// `acquire_user/4`.
-    AcquireUser(AcquireUser),
+    /// `acquire/4`, `acquire/5`, `acquire_user/4`: the locks taken;
+    /// `release/3`, `release_user/2`: done, whatever was held.
+    Ok,
+    /// `acquire/4`, `acquire/5`, `acquire_user/4`: nothing taken, and why.
+    Busy(Busy),
     /// `fresh?/3`, `held?/3`, `keep/5`, `keep_user/4`, `release_stale/4`.
     Yes(bool),
-    /// `release/3`, `release_user/2`: done, whatever was held.
-    Done,
     /// `held_locks/1`.
     Locks(Vec<HeldLock>),
 }
@@ -118,26 +117,21 @@ impl Job {
         Ok(match self {
             Job::Acquire(_, _, turn, ..) => {
                 let row = only(rows)?;
-                let acquired = row.bool(0)?;
-                let holder = row.text(1)?;
-                Answer::Acquire(match (acquired, holder) {
-                    (true, _) => Acquire::Acquired,
-                    (false, None) => Acquire::ConversationBusy,
-                    (false, Some(holder)) => {
-                        match AcquireUser::from_holder(holder, &turn.0) {
-                            AcquireUser::ClickInFlight => Acquire::ClickInFlight,
-                            // The user's lock was ours but the chat could not be
-                            // written: impossible while the chat row is locked,
-                            // but never report an acquisition that did not happen.
-                            AcquireUser::Acquired => Acquire::ConversationBusy,
-                            AcquireUser::TurnInFlight => Acquire::TurnInFlight,
-                        }
-                    }
-                })
+                match (row.bool(0)?, row.text(1)?) {
+                    (true, _) => Answer::Ok,
+                    // No holder: the chat was busy, the user row untouched.
+                    // The user's lock ours with the chat not written is
+                    // impossible while the chat row is locked; it is busy,
+                    // never reported as an acquisition that did not happen.
+                    (false, holder) => Answer::Busy(
+                        holder
+                            .and_then(|h| Busy::user(h, &turn.0))
+                            .unwrap_or(Busy::ConversationBusy),
+                    ),
+                }
             }
             Job::AcquireUser(_, click, ..) => {
-                let holder = only(rows)?.str(0)?;
-                Answer::AcquireUser(AcquireUser::from_holder(holder, &click.0))
+                Busy::user(only(rows)?.str(0)?, &click.0).map_or(Answer::Ok, Answer::Busy)
             }
             Job::Fresh(..) | Job::Held(..) | Job::Keep(..) | Job::ReleaseStale(..) => {
                 Answer::Yes(only(rows)?.bool(0)?)
@@ -157,7 +151,7 @@ impl Job {
                     })
                     .collect::<Result<_>>()?,
             ),
-            Job::Release(..) | Job::ReleaseUser(..) => Answer::Done,
+            Job::Release(..) | Job::ReleaseUser(..) => Answer::Ok,
         })
     }
 }

@@ -1,11 +1,9 @@
 //! What a lock call answered. Contention is an outcome, not an error.
 
-/// The answer of `acquire/4`: both locks taken, or why neither was.
+/// Why `acquire/4`, `acquire/5` or `acquire_user/4` took nothing: who holds a lock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Acquire {
-    /// The turn now holds the chat's and the user's lock.
-    Acquired,
-    /// The chat is locked by another turn (or names no row).
+pub enum Busy {
+    /// The chat is locked by another turn (or names no row); `acquire` only.
     ConversationBusy,
     /// The user's lock is held by a turn (in another chat).
     TurnInFlight,
@@ -13,27 +11,12 @@ pub enum Acquire {
     ClickInFlight,
 }
 
-/// The answer of `acquire_user/4`: the user's lock taken, or what holds it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AcquireUser {
-    /// The click now holds the user's lock.
-    Acquired,
-    /// The user's lock is held by a turn.
-    TurnInFlight,
-    /// The user's lock is held by another click.
-    ClickInFlight,
-}
-
-impl AcquireUser {
-    /// Classifies the user's lock after a statement returned its holder.
-    pub(crate) fn from_holder(holder: &str, mine: &str) -> Self {
-        if holder == mine {
-            AcquireUser::Acquired
-        } else if crate::args::is_click_ref(holder) {
-            AcquireUser::ClickInFlight
-        } else {
-            AcquireUser::TurnInFlight
-        }
+impl Busy {
+    /// Who holds the user's lock, after a statement returned its `holder`;
+    /// `None` when it is `mine`.
+    pub(crate) fn user(holder: &str, mine: &str) -> Option<Self> {
+        let click = crate::args::is_click_ref(holder);
+        (holder != mine).then_some(if click { Busy::ClickInFlight } else { Busy::TurnInFlight })
     }
 }
 

@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::job::{Answer, Job};
 use crate::schema::{self, Catalog, Tables};
 use crate::settings::{Prepare, Settings};
-use crate::sql::{self, Def, Statement, Statements};
+use crate::sql::{self, Statement, Statements};
 
 /// The one deadline of a call: its caller's start plus
 /// [`Settings::call_timeout`]. Every wait of the call (its place in line,
@@ -94,34 +94,29 @@ impl LockPool {
     /// the others as their calls end; every later call fails with
     /// [`Error::NotStarted`].
     pub fn close(&self) {
-        let idle = {
+        drop({
             let mut conns = self.conns();
             conns.closed = true;
             conns.open -= conns.idle.len();
             std::mem::take(&mut conns.idle)
-        };
-        drop(idle);
+        });
     }
 
-    /// Runs the statement of `def` with `params` on a pooled connection,
-    /// driving it on this thread; its rows. Blocks: never call it inside a
-    /// tokio runtime.
-    fn query(
-        &self,
-        deadline: Deadline,
-        def: &Def,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<PgRow>> {
+    /// Runs `job`'s one statement within `deadline` on a pooled connection,
+    /// driving it on this thread (see [`Job`] for what each one does,
+    /// `sql.rs` for how); its answer. Blocks: never call it inside a tokio
+    /// runtime.
+    pub fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
+        let (def, params) = (job.statement(), job.params());
         let mut pooled = self.checkout(deadline)?;
         let Pooled { conn, runtime } = &mut pooled;
         // The timer is made inside the runtime, which it needs.
         let answer = runtime.block_on(async {
             tokio::time::timeout_at(deadline.at.into(), async {
                 let statements = self.statements(conn).await?;
-                // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
-                let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
+                let statement = statements.get(def)?;
                 loop {
-                    match run(conn, self.settings.prepare, statement, params).await {
+                    match run(conn, self.settings.prepare, statement, &params).await {
                         Err(err) if err.is_retryable() => continue,
                         answer => return answer,
                     }
@@ -130,13 +125,13 @@ impl LockPool {
             .await
         });
         match answer {
-            Ok(Err(err)) if err.lost_connection() => {
+            Ok(Err(err @ Error::Disconnected(_))) => {
                 self.discard(pooled, false);
                 Err(err)
             }
-            Ok(answer) => {
+            Ok(rows) => {
                 self.checkin(pooled);
-                answer
+                job.answer(&rows?)
             }
             Err(_elapsed) => {
                 self.discard(pooled, true);
@@ -160,7 +155,14 @@ impl LockPool {
                 }
                 idle
             };
-            let Some(pooled) = idle else { return self.open(deadline) };
+            let Some(pooled) = idle else {
+                // Counted open above; uncounted if it fails.
+                let opened = Pooled::open(&self.connector, deadline);
+                if opened.is_err() {
+                    self.conns().open -= 1;
+                }
+                return opened;
+            };
             if !pooled.conn.quiet() {
                 pooled.runtime.block_on(catch_up());
             }
@@ -171,26 +173,15 @@ impl LockPool {
         }
     }
 
-    /// A new connection, counted open by `checkout`; uncounted if it fails.
-    fn open(&self, deadline: Deadline) -> Result<Pooled> {
-        let opened = Pooled::open(&self.connector, deadline);
-        if opened.is_err() {
-            self.conns().open -= 1;
-        }
-        opened
-    }
-
     /// A connection back from a call that answered: idle again, or closed
     /// when the pool was closed meanwhile.
     fn checkin(&self, conn: Pooled) {
         let mut conns = self.conns();
-        if conns.closed {
-            conns.open -= 1;
-            drop(conns);
-            drop(conn);
-        } else {
-            conns.idle.push(conn);
+        if !conns.closed {
+            return conns.idle.push(conn);
         }
+        // Closed after the lock is released: `conns` is dropped before `conn`.
+        conns.open -= 1;
     }
 
     /// Takes a connection out of the pool for good, in an unknown state (its
@@ -214,8 +205,7 @@ impl LockPool {
             conns.open -= 1 + doubtful.len();
             doubtful
         };
-        drop(conn);
-        drop(doubtful);
+        drop((conn, doubtful));
     }
 
     /// The statements, built on the first call from what the catalog says
@@ -227,22 +217,11 @@ impl LockPool {
         }
         let prefix = self.settings.prefix.as_deref();
         let (chats, users) = schema::table_names(prefix);
-        let columns = Statement {
-            name: sql::COLUMNS.name,
-            text: sql::COLUMNS.text.to_owned(),
-            params: sql::COLUMNS.params,
-        };
+        let columns = Statement { def: &sql::COLUMNS, text: sql::COLUMNS.text.to_owned() };
         let rows = run(conn, self.settings.prepare, &columns, &[&chats, &users]).await?;
         let catalog = Catalog::from_rows(&rows)?;
         let statements = Arc::new(Statements::new(&Tables::from_catalog(prefix, &catalog)?));
         Ok(self.statements.get_or_init(|| statements).clone())
-    }
-
-    /// Runs `job`'s one statement within `deadline` (see [`Job`] for what
-    /// each one does, `sql.rs` for how); its answer. Blocks the calling
-    /// thread (see [`LockPool`]): never call it inside a tokio runtime.
-    pub fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
-        job.answer(&self.query(deadline, job.statement(), &job.params())?)
     }
 
     /// Connections in the pool, and those of them idle.
@@ -311,20 +290,18 @@ async fn run(
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<PgRow>> {
     conn.sent = Instant::now();
+    let (name, types) = (statement.def.name, statement.def.params);
     let rows = async {
         if prepare == Prepare::Unnamed {
-            let typed: Vec<_> = params
-                .iter()
-                .zip(statement.params)
-                .map(|(value, ty)| (*value, ty.clone()))
-                .collect();
+            let typed: Vec<_> =
+                params.iter().zip(types).map(|(value, ty)| (*value, ty.clone())).collect();
             return conn.client.query_typed(&statement.text, &typed).await;
         }
-        let prepared = match conn.prepared.iter().find(|(name, _)| *name == statement.name) {
+        let prepared = match conn.prepared.iter().find(|(named, _)| *named == name) {
             Some((_, prepared)) => prepared.clone(),
             None => {
-                let prepared = conn.client.prepare_typed(&statement.text, statement.params).await?;
-                conn.prepared.push((statement.name, prepared.clone()));
+                let prepared = conn.client.prepare_typed(&statement.text, types).await?;
+                conn.prepared.push((name, prepared.clone()));
                 prepared
             }
         };

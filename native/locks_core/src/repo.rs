@@ -83,12 +83,11 @@ impl Repo {
             }));
         };
         let def = job.statement();
-        // Every job's statement is one of sql::LOCKS (a test of sql.rs holds it).
-        let statement = statements.get(def).ok_or_else(|| Error::unexpected(def.name))?;
+        let statement = statements.get(def)?;
         let params = job
             .params()
             .into_iter()
-            .zip(statement.params)
+            .zip(statement.def.params)
             .map(|(value, ty)| param(value, ty))
             .collect::<Result<_>>()?;
         Ok(Step::Run(Query { text: statement.text.clone(), params }))
@@ -134,40 +133,12 @@ fn param(value: &(dyn ToSql + Sync), ty: &Type) -> Result<Param> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Acquire, ClickRef, Hold, Ttl, TurnRef, Uuid};
-
-    // The rows of sql::COLUMNS for the shipped tables, as a repo returns them.
-    fn shipped_columns() -> Vec<Vec<Value>> {
-        let text = |t: Option<String>| t.map_or(Value::Null, Value::Text);
-        schema::tests::shipped()
-            .columns
-            .into_iter()
-            .map(|c| {
-                vec![
-                    Value::Bool(c.chats),
-                    Value::Bool(true),
-                    Value::Text(c.name),
-                    Value::Text(c.type_name),
-                    Value::Text(c.sql_type),
-                    c.max_chars.map_or(Value::Null, Value::Int),
-                    Value::Bool(c.not_null),
-                    Value::Bool(c.has_default),
-                    Value::Bool(c.unique),
-                    text(c.deferrable),
-                ]
-            })
-            .collect()
-    }
+    use crate::Busy;
 
     #[test]
     fn the_repo_runs_the_pools_statement_text_with_the_jobs_parameters() {
         let repo = Repo::new(Some("phoenix_kit".into()));
-        let chat = Uuid::from_bytes(&[1; 16]).expect("16 bytes");
-        let user = Uuid::from_bytes(&[2; 16]).expect("16 bytes");
-        let turn = TurnRef::new("turn-1").expect("a turn ref");
-        let ttl = Ttl::new(60).expect("a ttl");
-        let job = Job::Acquire(chat, user, turn, ttl, Hold::new(15, ttl).expect("a hold"));
-
+        let [job, _, _, _, _, keep_user, ..] = sql::tests::every_job();
         let columns = repo.step(&job).ok();
         let names = vec![
             Param::Text("\"phoenix_kit\".phoenix_kit_agent_conversations".into()),
@@ -178,30 +149,27 @@ mod tests {
             Some(Step::Columns(Query { text: sql::COLUMNS.text.into(), params: names }))
         );
 
-        assert!(repo.columns(&shipped_columns()).is_ok());
+        assert!(repo.columns(&schema::tests::shipped_rows()).is_ok());
         let tables = Tables::from_catalog(Some("phoenix_kit"), &schema::tests::shipped()).ok();
         let text = tables.map(|tables| sql::ACQUIRE.fill(&tables).text);
         let params = vec![
             Param::Uuid([1; 16]),
             Param::Uuid([2; 16]),
-            Param::Text("turn-1".into()),
+            Param::Text("turn".into()),
             Param::Int(60),
-            Param::Int(15),
+            Param::Int(10),
         ];
         assert_eq!(repo.step(&job).ok(), text.map(|text| Step::Run(Query { text, params })));
 
-        let click = ClickRef::new("click:1").expect("a click ref");
-        let hold = Hold::new(10, ttl).expect("a hold");
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];
-        assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Acquire(Acquire::ClickInFlight)));
-        let keep_user = Job::KeepUser(user, click, ttl, hold);
+        assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Busy(Busy::ClickInFlight)));
         assert_eq!(repo.answer(&keep_user, &[]).ok(), Some(Answer::Yes(false)));
     }
 
     #[test]
     fn tables_the_statements_cannot_use_are_the_pools_config_error() {
         let repo = Repo::new(None);
-        let mut columns = shipped_columns();
+        let mut columns = schema::tests::shipped_rows();
         columns.retain(|c| c.get(2) != Some(&Value::Text("busy_turn_ref".into())));
         let err = repo.columns(&columns).err().map(|e| e.to_string());
         assert!(

@@ -42,6 +42,7 @@
 
 use tokio_postgres::types::Type;
 
+use crate::error::{Error, Result};
 use crate::schema::{table_names, Tables};
 
 /// A statement: its name (the Elixir function that runs it, and the key of
@@ -381,6 +382,20 @@ WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
     params: &[Type::UUID, Type::TEXT],
 };
 
+/// [`HELD_LOCKS`]' rows of one table: `$kind`, its key `$id`, by its clock `$now`.
+#[rustfmt::skip]
+macro_rules! held {
+    ($kind:literal, $id:literal, $table:literal, $now:literal) => {
+        concat!("SELECT ", $kind, " AS kind, ", $id, "::text AS id, busy_turn_ref::text AS ref,
+         (extract(epoch FROM s.busy_since) * 1000000)::int8 AS since,
+         extract(epoch FROM ", $now, " - s.busy_since)::float8 AS age,
+         coalesce(", stale!("s.", $now, "$1"), ", true) AS stale
+  FROM ", $table, ", LATERAL (SELECT CASE WHEN isfinite(busy_since)
+    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
+  WHERE busy_turn_ref IS NOT NULL")
+    };
+}
+
 /// Every lock taken, for an operator to see what is stuck: chats and users
 /// whose `busy_turn_ref` names a holder, the oldest first, at most 1000 (a
 /// listing for a person, not an export).
@@ -407,21 +422,9 @@ pub(crate) const HELD_LOCKS: Def = Def {
     name: "held_locks",
     text: concat!("
 SELECT * FROM (
-  SELECT 'chat' AS kind, uuid::text AS id, busy_turn_ref::text AS ref,
-         (extract(epoch FROM s.busy_since) * 1000000)::int8 AS since,
-         extract(epoch FROM {chat_now} - s.busy_since)::float8 AS age,
-         coalesce(", stale!("s.", "{chat_now}", "$1"), ", true) AS stale
-  FROM {chats}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
-    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
-  WHERE busy_turn_ref IS NOT NULL
+  ", held!("'chat'", "uuid", "{chats}", "{chat_now}"), "
   UNION ALL
-  SELECT 'user', user_uuid::text, busy_turn_ref::text,
-         (extract(epoch FROM s.busy_since) * 1000000)::int8,
-         extract(epoch FROM {user_now} - s.busy_since)::float8,
-         coalesce(", stale!("s.", "{user_now}", "$1"), ", true)
-  FROM {users}, LATERAL (SELECT CASE WHEN isfinite(busy_since)
-    AND busy_since < '10000-01-01 00:00:00+00' THEN busy_since END AS busy_since) s
-  WHERE busy_turn_ref IS NOT NULL
+  ", held!("'user'", "user_uuid", "{users}", "{user_now}"), "
 ) held
 ORDER BY age DESC NULLS FIRST, kind, id
 LIMIT 1000"),
@@ -485,22 +488,21 @@ pub(crate) const LOCKS: [&Def; 10] = [
     &RELEASE_USER,
 ];
 
-/// A statement ready to run on a pool's connections.
+/// A statement ready to run on a pool's connections: its [`Def`], filled in.
 #[derive(Clone, Debug)]
 pub(crate) struct Statement {
-    pub name: &'static str,
+    pub def: &'static Def,
     pub text: String,
-    pub params: &'static [Type],
 }
 
 impl Def {
     /// The statement with the placeholders filled in for `tables`.
-    pub fn fill(&self, tables: &Tables) -> Statement {
+    pub fn fill(&'static self, tables: &Tables) -> Statement {
         let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
             tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
         };
         Statement {
-            name: self.name,
+            def: self,
             text: self
                 .text
                 .replace("{chats}", &tables.chats)
@@ -509,7 +511,6 @@ impl Def {
                 .replace("{user_now}", tables.user_now)
                 .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
                 .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned())),
-            params: self.params,
         }
     }
 }
@@ -526,46 +527,36 @@ impl Statements {
     }
 
     /// The statement of `def`, one of [`LOCKS`].
-    pub fn get(&self, def: &Def) -> Option<&Statement> {
-        self.0.iter().find(|statement| statement.name == def.name)
+    pub fn get(&self, def: &Def) -> Result<&Statement> {
+        // Every job's statement is one of LOCKS (a test below holds it).
+        let found = self.0.iter().find(|statement| statement.def.name == def.name);
+        found.ok_or_else(|| Error::unexpected(def.name))
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::schema::tests::shipped;
     use crate::{ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
 
-    fn statements(prefix: Option<&str>) -> Statements {
-        Statements::new(&Tables::from_catalog(prefix, &shipped()).expect("shipped tables"))
-    }
-
-    #[test]
-    fn every_placeholder_is_filled_in() {
-        for prefix in [None, Some("phoenix_kit")] {
-            for statement in &statements(prefix).0 {
-                assert!(!statement.text.contains('{'), "{statement:?}");
-            }
-        }
-        let acquire = statements(Some("phoenix_kit")).get(&ACQUIRE).cloned();
-        assert!(acquire
-            .is_some_and(|s| s.text.contains("\"phoenix_kit\".phoenix_kit_agent_conversations")));
+    fn statements() -> Statements {
+        Statements::new(&Tables::from_catalog(None, &shipped()).expect("shipped tables"))
     }
 
     #[test]
     fn every_parameter_has_its_type() {
-        for statement in &statements(None).0 {
+        for statement in &statements().0 {
             let used = (1..=9).filter(|n| statement.text.contains(&format!("${n}"))).count();
-            assert_eq!(used, statement.params.len(), "{}", statement.name);
+            assert_eq!(used, statement.def.params.len(), "{}", statement.def.name);
         }
     }
 
     #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
-        for statement in &statements(None).0 {
-            assert!(!statement.text.contains("updated_at"), "{}", statement.name);
-            assert!(!statement.text.contains("clock_timestamp"), "{}", statement.name);
+        for statement in &statements().0 {
+            assert!(!statement.text.contains("updated_at"), "{}", statement.def.name);
+            assert!(!statement.text.contains("clock_timestamp"), "{}", statement.def.name);
         }
     }
 
@@ -575,7 +566,7 @@ mod tests {
             user_fills: vec![("\"updated_at\"".into(), "now()")],
             ..Tables::from_catalog(None, &shipped()).expect("shipped tables")
         };
-        for def in [ACQUIRE, ACQUIRE_USER] {
+        for def in [&ACQUIRE, &ACQUIRE_USER] {
             let statement = def.fill(&tables);
             let (insert, update) = statement.text.split_once("ON CONFLICT").expect("an upsert");
             assert!(insert.contains("busy_turn_ref, \"updated_at\")"), "{insert}");
@@ -583,15 +574,16 @@ mod tests {
         }
     }
 
-    #[test]
-    fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
+    /// One job of each function: chat `[1; 16]`, user `[2; 16]`, refs `turn`
+    /// and `click:1`, TTL 60, hold 10.
+    pub(crate) fn every_job() -> [Job; 10] {
         let id = |byte| Uuid::from_bytes(&[byte; 16]).expect("16 bytes");
         let (chat, user) = (id(1), id(2));
         let turn = TurnRef::new("turn").expect("a turn ref");
         let click = ClickRef::new("click:1").expect("a click ref");
         let ttl = Ttl::new(60).expect("a ttl");
         let hold = Hold::new(10, ttl).expect("a hold");
-        let jobs = [
+        [
             Job::Acquire(chat, user, turn.clone(), ttl, hold),
             Job::AcquireUser(user, click.clone(), ttl, hold),
             Job::Fresh(chat, turn.clone(), ttl),
@@ -602,12 +594,17 @@ mod tests {
             Job::Release(chat, user, turn.clone()),
             Job::ReleaseStale(chat, user, turn, ttl),
             Job::ReleaseUser(user, click),
-        ];
-        let statements = statements(None);
+        ]
+    }
+
+    #[test]
+    fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
+        let jobs = every_job();
+        let statements = statements();
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();
         for job in &jobs {
             let statement = statements.get(job.statement()).expect("built by the pool");
-            assert_eq!(job.params().len(), statement.params.len(), "{}", statement.name);
+            assert_eq!(job.params().len(), statement.def.params.len(), "{}", statement.def.name);
         }
         names.sort_unstable();
         names.dedup();

@@ -164,40 +164,8 @@ mod tests {
     }
 
     #[test]
-    fn the_verifying_modes_ask_tokio_postgres_for_require() {
-        use tokio_postgres::config::SslMode as Wire;
-        assert_eq!(wire(SslMode::Disable), Wire::Disable);
-        assert_eq!(wire(SslMode::Prefer), Wire::Prefer);
-        for mode in [SslMode::Require, SslMode::VerifyCa, SslMode::VerifyFull] {
-            assert_eq!(wire(mode), Wire::Require);
-        }
-    }
-
-    #[test]
-    fn a_verifying_mode_without_a_ca_file_is_refused() {
-        for mode in [SslMode::VerifyCa, SslMode::VerifyFull] {
-            assert_eq!(
-                refusal(mode, None).as_deref(),
-                Some(
-                    "invalid configuration: ssl_ca_file: required by the verifying sslmodes: \
-                     a PEM file of the CA certificates to trust"
-                )
-            );
-        }
-        assert_eq!(refusal(SslMode::Require, None), None);
+    fn a_ca_file_is_refused_when_it_holds_no_certificate_and_not_read_with_disable() {
         assert_eq!(refusal(SslMode::Disable, Some("/nonexistent/ca.pem")), None);
-    }
-
-    #[test]
-    fn a_ca_file_that_is_missing_or_holds_no_certificate_is_refused() {
-        assert_eq!(
-            refusal(SslMode::VerifyFull, Some("/nonexistent/ca.pem")).as_deref(),
-            Some(
-                "invalid configuration: ssl_ca_file: cannot read \"/nonexistent/ca.pem\": \
-                 No such file or directory (os error 2)"
-            )
-        );
-
         let empty = std::env::temp_dir().join(format!("locks-empty-ca-{}.pem", std::process::id()));
         std::fs::write(&empty, "not a certificate\n").expect("temp file");
         let err = refusal(SslMode::VerifyCa, empty.to_str());

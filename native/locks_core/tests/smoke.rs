@@ -5,9 +5,7 @@
 
 mod common;
 
-use locks_core::{
-    Acquire, AcquireUser, Answer, ClickRef, Hold, Job, LockPool, Prepare, Ttl, TurnRef, Uuid,
-};
+use locks_core::{Answer, Busy, ClickRef, Hold, Job, LockPool, Prepare, Ttl, TurnRef, Uuid};
 
 fn uuid(byte: u8) -> Uuid {
     let mut bytes = rand_bytes();
@@ -60,15 +58,9 @@ fn every_call(prepare: Prepare) {
         Job::KeepUser(user, click.clone(), ttl, hold),
     );
 
-    assert_eq!(run(acquire(chat, user, &turn)), Some(Answer::Acquire(Acquire::Acquired)));
-    assert_eq!(
-        run(acquire(chat, uuid(4), &other)),
-        Some(Answer::Acquire(Acquire::ConversationBusy))
-    );
-    assert_eq!(
-        run(acquire(other_chat, user, &other)),
-        Some(Answer::Acquire(Acquire::TurnInFlight))
-    );
+    assert_eq!(run(acquire(chat, user, &turn)), Some(Answer::Ok));
+    assert_eq!(run(acquire(chat, uuid(4), &other)), Some(Answer::Busy(Busy::ConversationBusy)));
+    assert_eq!(run(acquire(other_chat, user, &other)), Some(Answer::Busy(Busy::TurnInFlight)));
     assert_eq!(run(held.clone()), Some(Answer::Yes(true)));
     assert_eq!(run(fresh), Some(Answer::Yes(true)));
     let keep = Job::Keep(chat, user, turn.clone(), ttl, hold);
@@ -77,18 +69,15 @@ fn every_call(prepare: Prepare) {
     assert!(matches!(run(Job::HeldLocks(ttl)), Some(Answer::Locks(_))));
     let release_stale = Job::ReleaseStale(chat, user, turn.clone(), ttl);
     assert_eq!(run(release_stale), Some(Answer::Yes(false)));
-    assert_eq!(run(acquire_user.clone()), Some(Answer::AcquireUser(AcquireUser::TurnInFlight)));
+    assert_eq!(run(acquire_user.clone()), Some(Answer::Busy(Busy::TurnInFlight)));
     let release = Job::Release(chat, user, turn.clone());
-    assert_eq!(run(release), Some(Answer::Done));
+    assert_eq!(run(release), Some(Answer::Ok));
     assert_eq!(run(held), Some(Answer::Yes(false)));
-    assert_eq!(run(acquire_user), Some(Answer::AcquireUser(AcquireUser::Acquired)));
-    assert_eq!(
-        run(acquire(other_chat, user, &other)),
-        Some(Answer::Acquire(Acquire::ClickInFlight))
-    );
+    assert_eq!(run(acquire_user), Some(Answer::Ok));
+    assert_eq!(run(acquire(other_chat, user, &other)), Some(Answer::Busy(Busy::ClickInFlight)));
     assert_eq!(run(keep_user.clone()), Some(Answer::Yes(true)));
     let release_user = Job::ReleaseUser(user, click.clone());
-    assert_eq!(run(release_user), Some(Answer::Done));
+    assert_eq!(run(release_user), Some(Answer::Ok));
     assert_eq!(run(keep_user), Some(Answer::Yes(false)));
 }
 

@@ -2,7 +2,7 @@
 //! argument list become a `locks_core::Job`, decoded by its derive, and the
 //! job's `Answer` becomes the term the function documents.
 
-use locks_core::{Acquire, AcquireUser, Answer, Job};
+use locks_core::{Answer, Busy, Job};
 use rustler::types::tuple::make_tuple;
 use rustler::{Atom, Decoder, Encoder, Env, Error, NifResult, Term};
 
@@ -30,17 +30,16 @@ pub fn job<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Jo
 }
 
 pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
-    let refused = |reason: Atom| (atoms::error(), reason).encode(env);
     match answer {
-        Answer::Acquire(Acquire::Acquired)
-        | Answer::AcquireUser(AcquireUser::Acquired)
-        | Answer::Done => atoms::ok().encode(env),
-        Answer::Acquire(Acquire::ConversationBusy) => refused(atoms::conversation_busy()),
-        Answer::Acquire(Acquire::TurnInFlight) | Answer::AcquireUser(AcquireUser::TurnInFlight) => {
-            refused(atoms::turn_in_flight())
+        Answer::Ok => atoms::ok().encode(env),
+        Answer::Busy(busy) => {
+            let reason = match busy {
+                Busy::ConversationBusy => atoms::conversation_busy(),
+                Busy::TurnInFlight => atoms::turn_in_flight(),
+                Busy::ClickInFlight => atoms::click_in_flight(),
+            };
+            (atoms::error(), reason).encode(env)
         }
-        Answer::Acquire(Acquire::ClickInFlight)
-        | Answer::AcquireUser(AcquireUser::ClickInFlight) => refused(atoms::click_in_flight()),
         Answer::Yes(yes) => yes.encode(env),
         Answer::Locks(locks) => locks
             .iter()

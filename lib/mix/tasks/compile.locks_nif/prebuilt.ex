@@ -74,8 +74,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   @doc "`{:ok, library, artifact, from, checksum}` (`from` a file or URL), `{:mismatch, why}` or `{:error, why}`."
   def fetch(settings) do
     with {:ok, name, expected} <- expected(settings),
-         {:ok, tarball, from} <- read_or_download(settings, name),
          cached = Path.join(settings.cache_dir, name),
+         {:ok, tarball, from} <- read_or_download(settings, name, cached),
          :ok <- verify(checksum(tarball), expected, name, from, cached),
          {:ok, library} <- unpack(tarball, name) do
       if from != cached, do: keep(cached, tarball)
@@ -83,11 +83,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  @doc """
-  The compiler's error when no artifact fits and cargo is not found. The
-  cache directory is offered only when the checksum file lists an artifact
-  to put there.
-  """
+  @doc "The compiler's error when no artifact fits and cargo is not found."
   def no_library(settings, why) do
     way_out =
       case expected(settings) do
@@ -130,8 +126,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   defp parse_nif(version), do: version |> String.split(".") |> Enum.map(&String.to_integer/1)
 
   # The cached file when it can be read (the `else`), else the download.
-  defp read_or_download(settings, name) do
-    cached = Path.join(settings.cache_dir, name)
+  defp read_or_download(settings, name, cached) do
     url = "#{settings.base_url}/#{name}"
 
     with {:error, _} <- File.read(cached),
@@ -253,8 +248,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   defp http_options(url) do
     case {url, cacerts()} do
       {"https:" <> _, {:error, why}} -> {:error, "no CA certificates to verify #{url}: #{why}"}
-      {_, {:error, _}} -> {:ok, [ssl: verify_tls([])] ++ @timeouts}
-      {_, certs} -> {:ok, [ssl: verify_tls(certs)] ++ @timeouts}
+      {_, certs} -> {:ok, [ssl: verify_tls(if is_list(certs), do: certs, else: [])] ++ @timeouts}
     end
   end
 
@@ -272,12 +266,9 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     ]
   end
 
-  @doc """
-  Starts `apps`, first putting each on the code path: Mix (Elixir 1.15 on)
-  keeps only the paths of the applications a project lists
-  (`Mix.ensure_application!/1`, absent before 1.15). `:ok`, or the first
-  `{:error, {app, reason}}`.
-  """
+  @doc "Starts `apps` (`:ok`, or the first `{:error, {app, reason}}`), each put on the code path first."
+  # Mix (Elixir 1.15 on) keeps only the paths of the applications a project
+  # lists; Mix.ensure_application!/1 puts one back (absent before 1.15).
   def ensure_started(apps) do
     Enum.reduce_while(apps, :ok, fn app, :ok ->
       if function_exported?(Mix, :ensure_application!, 1),

@@ -16,7 +16,7 @@ defmodule Mix.Tasks.Locks.Task do
 
   @app :phoenix_kit_agent_locks
 
-  @doc "Starts the library for `task` (`\"mix locks.held\"`), then runs `fun`; errors as above."
+  # Starts the library for `task` ("mix locks.held"), then runs `fun`; errors as above.
   def run(task, fun) do
     Mix.Task.run("app.config")
     configured!(task)

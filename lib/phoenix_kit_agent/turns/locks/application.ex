@@ -32,8 +32,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
         Logger.warning(
           "phoenix_kit_agent_locks: no database configured (config :phoenix_kit, repo: …, or " <>
             "config :phoenix_kit_agent_locks, repo: … or url: …) and DATABASE_URL is unset; " <>
-            "lock calls will raise until the " <>
-            "application is restarted with one"
+            "lock calls will raise until the application is restarted with one"
         )
     end
   end

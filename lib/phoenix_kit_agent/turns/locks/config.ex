@@ -36,10 +36,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   @type t :: %__MODULE__{}
 
-  @doc """
-  `{:ok, config}`, or `:unconfigured` when no source names a server.
-  `phoenix_kit` is PhoenixKit's configuration (`config :phoenix_kit, …`).
-  """
+  # `{:ok, config}`, or `:unconfigured` when no source names a server.
+  # `phoenix_kit` is PhoenixKit's configuration (`config :phoenix_kit, …`).
   @spec read(keyword(), keyword()) :: {:ok, t()} | :unconfigured
   def read(env \\ Application.get_all_env(@app), phoenix_kit \\ phoenix_kit_env()) do
     own = own_settings!(env)
@@ -57,11 +55,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     if located?(connection), do: {:ok, build!(connection, own, repo)}, else: :unconfigured
   end
 
-  @doc """
-  `{:sandbox, repo, prefix}` under `testing: :sandbox` (the statements go
-  through `repo`'s `query/3`, on no connection of the library's own), else
-  `:disabled`. Checks every setting, as `read/1` does.
-  """
+  # `{:sandbox, repo, prefix}` under `testing: :sandbox`, else `:disabled`.
+  # Checks every setting, as `read/2` does.
   @spec testing(keyword(), keyword()) :: {:sandbox, module(), String.t() | nil} | :disabled
   def testing(env \\ Application.get_all_env(@app), phoenix_kit \\ phoenix_kit_env()) do
     own = own_settings!(env)
@@ -106,22 +101,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         nil
 
       Keyword.keyword?(phoenix_kit) and phoenix_kit[:repo] ->
-        phoenix_kit_repo!(phoenix_kit[:repo])
+        check!(:repo, phoenix_kit[:repo], "repo (config :phoenix_kit)")
 
       true ->
         nil
     end
   end
 
-  defp phoenix_kit_repo!(repo), do: check!(:repo, repo, "repo (config :phoenix_kit)")
-
   defp phoenix_kit_env, do: Application.get_all_env(:phoenix_kit)
 
-  @doc """
-  The most lock calls that may run at once, and the pool size when none is
-  set: the VM's dirty-I/O schedulers less two, so two stay free for the rest
-  of the VM whatever the database does (the README's "Limits").
-  """
+  # The most lock calls that may run at once, and the pool size when none is
+  # set: the VM's dirty-I/O schedulers less two, so two stay free for the rest
+  # of the VM whatever the database does (the README's "Limits").
   @spec default_pool_size() :: pos_integer()
   def default_pool_size do
     case :erlang.system_info(:dirty_io_schedulers) - 2 do
@@ -378,10 +369,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
       path when is_binary(path) ->
         port =
-          case Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path) do
-            [_, port] -> [port: String.to_integer(port)]
-            nil -> []
-          end
+          for [_, p] <- [Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path)],
+              do: {:port, String.to_integer(p)}
 
         [socket_dir: check!(:socket_dir, Path.dirname(path), "#{name}.config()[:socket]")] ++ port
 

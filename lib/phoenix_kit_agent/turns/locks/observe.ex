@@ -15,25 +15,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @counters {__MODULE__, :counters}
   @telemetry {__MODULE__, :telemetry}
 
-  def setup, do: :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
+  # The counters and each function's place in them, made once per VM (status/0
+  # counts since it started) by the first start whose pool or sandbox mode loaded
+  # the NIF. A VM that loads modules on first use and names no database loads
+  # Native only at the first call, which then raises :not_started uncounted.
+  def setup do
+    :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
 
-  # The counters and each function's place in them, made once per VM by the
-  # first call counted (one maker at a time): the NIF is loaded by then, or
-  # there is nothing to count (every call raises :nif_not_loaded). Not at
-  # setup: a VM that loads modules on first use loads Native at the first call.
-  defp counters do
-    with nil <- :persistent_term.get(@counters, nil) do
-      :global.trans({@counters, self()}, &make_counters/0, [node()])
-    end
-  end
-
-  defp make_counters do
     with nil <- :persistent_term.get(@counters, nil),
-         [_ | _] = functions <- functions() do
-      index = Map.new(Enum.with_index(functions))
-      counters = {:counters.new(map_size(index) * @per_function, [:write_concurrency]), index}
-      :persistent_term.put(@counters, counters)
-      counters
+         true <- :code.is_loaded(Native) != false and Native.loaded() do
+      index = Map.new(Enum.with_index(Native.functions()))
+      counters = :counters.new(map_size(index) * @per_function, [:write_concurrency])
+      :persistent_term.put(@counters, {counters, index})
     end
   end
 
@@ -42,15 +35,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   # :telemetry_span_context) comes again in :stop with the :result, and in
   # :exception with the :kind, :reason and :stacktrace of what was raised.
   def start(function, start, metadata) do
+    metadata = Map.put(metadata, :telemetry_span_context, make_ref())
+
     if telemetry?() do
-      metadata = Map.put(metadata, :telemetry_span_context, make_ref())
       monotonic = System.convert_time_unit(start, :nanosecond, :native)
       measurements = %{monotonic_time: monotonic, system_time: System.system_time()}
       emit([function, :start], measurements, metadata)
-      {function, start, metadata}
-    else
-      {function, start, metadata}
     end
+
+    {function, start, metadata}
   end
 
   def stop({function, start, metadata}, result) do
@@ -80,12 +73,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   defp telemetry?, do: :persistent_term.get(@telemetry, false)
 
-  defp functions do
-    Native.functions()
-  rescue
-    _not_loaded -> []
-  end
-
   defp measures(duration), do: %{duration: duration, monotonic_time: System.monotonic_time()}
 
   # A handler that raises, or a :telemetry application that is not started,
@@ -106,7 +93,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp count(function, start, outcome) do
     duration = System.monotonic_time() - System.convert_time_unit(start, :nanosecond, :native)
 
-    with {counters, %{^function => i}} <- counters() do
+    with {counters, %{^function => i}} <- :persistent_term.get(@counters, nil) do
       base = i * @per_function
       :counters.add(counters, base + Enum.find_index(@outcomes, &(&1 == outcome)) + 1, 1)
       us = System.convert_time_unit(duration, :native, :microsecond)
@@ -120,7 +107,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp bit_length(0), do: 0
   defp bit_length(n), do: bit_length(Bitwise.bsr(n, 1)) + 1
 
-  @doc "The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far."
+  # The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far.
   def counts do
     {counters, index} = :persistent_term.get(@counters, {nil, %{}})
 

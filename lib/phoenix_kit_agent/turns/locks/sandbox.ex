@@ -12,7 +12,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
 
   @key {__MODULE__, :repo}
 
-  @doc "Installs the mode of `Config.testing/0`'s answer (or clears it); that answer."
+  # Installs the mode of `Config.testing/0`'s answer (or clears it); that answer.
   def start({:sandbox, repo, prefix} = testing) do
     :ok = Native.repo_start(prefix)
     :persistent_term.put(@key, repo)
@@ -24,13 +24,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
     :disabled
   end
 
-  @doc "The host's repo under `testing: :sandbox`, else nil (one read of a persistent term)."
+  # The host's repo under `testing: :sandbox`, else nil (one read of a persistent term).
   def repo, do: :persistent_term.get(@key, nil)
 
-  @doc """
-  The answer of lock call `function` with its checked `args`, from `repo`.
-  The first call reads the tables' columns through the repo, then its own statement.
-  """
+  # The answer of lock call `function` with its checked `args`, from `repo`.
   def call(repo, function, args) do
     case Native.repo_step(function, args) do
       {:columns, sql, params} ->
@@ -42,12 +39,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
     end
   end
 
-  @doc """
-  Lets a process that runs lock calls for `caller` (with_turn/4's keeper,
-  from its init/1) use `caller`'s sandbox connection: it joins `caller`'s
-  `$callers`, which the sandbox looks up as it does for a Task, so no
-  `Ecto.Adapters.SQL.Sandbox.allow/3` is needed. Nothing outside the mode.
-  """
+  # Lets a process that runs lock calls for `caller` (with_turn/4's keeper)
+  # use `caller`'s sandbox connection, as a Task does: it joins `caller`'s
+  # `$callers`, so no Ecto.Adapters.SQL.Sandbox.allow/3 is needed.
   def allow(caller) do
     if repo() do
       {:dictionary, dictionary} = Process.info(caller, :dictionary) || {:dictionary, []}
@@ -65,15 +59,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
     end
   end
 
-  @doc """
-  The Locks.Error of a repo's error, by the fields of Postgrex's and
-  DBConnection's exceptions (no dependency on them); any other exception as it is.
-  Also the error of `Locks.transaction/4`'s fence, which the repo runs in either mode.
-  """
-  # Told apart and worded as the pool's (locks_core/src/error.rs): a FATAL
-  # error or a shutdown ended the session with the statement in flight; a
-  # cancel (57014) is the repo's `:timeout` (the sandbox cancels a query that
-  # outlasts it) or the server's statement_timeout; any other refused it.
+  # The Locks.Error of a repo's error (also of Locks.transaction/4's fence, in
+  # either mode), by the fields of Postgrex's and DBConnection's exceptions;
+  # any other exception as it is. Told apart and worded as the pool's
+  # (locks_core/src/error.rs): a FATAL error or a shutdown ended the session
+  # with the statement in flight; a cancel (57014) is the repo's `:timeout`
+  # (the sandbox cancels a query that outlasts it) or the server's
+  # statement_timeout; any other refused it.
   def error(%{postgres: %{pg_code: sqlstate} = postgres}) when is_binary(sqlstate) do
     cause = "#{postgres[:message]} (#{sqlstate})"
 

@@ -11,9 +11,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   trusted until `lease_s` less 2 % after the sending of the last renewal the
   database confirmed, on the node's monotonic clock (why no taker comes first:
   the README's "Short leases"), an `:atomics` slot that `lost?/1` reads.
-  Whoever moves the turn's phase, a second slot, from running tells the
-  caller, once: the keeper, its `terminate/2` on a graceful stop, the keeper
-  its supervisor starts again after one was killed, or the caller at the end.
   """
 
   use GenServer, restart: :transient
@@ -29,7 +26,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   # :atomics slots: the monotonic ms until which the lease is trusted (@lost:
   # for good), and the phase: @new, @acquiring, @running, then @ended (nobody
-  # told) or @telling, @told, @told_late (by a keeper started again).
+  # told) or @telling, @told, @told_late (by a keeper started again). Whoever
+  # moves the phase from running tells the caller, once: the keeper, its
+  # terminate/2 on a graceful stop, the keeper its supervisor starts again
+  # after one was killed, or the caller at the end.
   @deadline 1
   @phase 2
   @lost -0x8000000000000000
