@@ -62,7 +62,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
     do:
       run(
         :acquire,
-        stamp(),
         binding(),
         turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
       )
@@ -84,7 +83,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
     do:
       run(
         :acquire,
-        stamp(),
         binding(),
         lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s)
       )
@@ -106,7 +104,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, user_busy()}
   def acquire_user(user_uuid, ref, ttl_s, hold_s),
-    do: run(:acquire_user, stamp(), binding(), click!(user_uuid, ref, ttl_s, hold_s))
+    do: run(:acquire_user, binding(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   A new ref for a click on a confirmation card: `"click:"` and 32 random hex
@@ -128,7 +126,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s),
     do:
-      run(:fresh?, stamp(), binding(), [
+      run(:fresh?, binding(), [
         chat!(conversation_uuid),
         turn_ref!(turn_ref),
         ttl!(ttl_s)
@@ -140,7 +138,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec held?(String.t(), String.t(), String.t()) :: boolean()
   def held?(conversation_uuid, user_uuid, turn_ref),
-    do: run(:held?, stamp(), binding(), turn!(conversation_uuid, user_uuid, turn_ref))
+    do: run(:held?, binding(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
@@ -149,7 +147,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s),
-    do: run(:keep_user, stamp(), binding(), click!(user_uuid, ref, ttl_s, hold_s))
+    do: run(:keep_user, binding(), click!(user_uuid, ref, ttl_s, hold_s))
 
   @doc """
   Releases whichever of the two locks `turn_ref` still holds; a lock that
@@ -157,7 +155,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec release(String.t(), String.t(), String.t()) :: :ok
   def release(conversation_uuid, user_uuid, turn_ref),
-    do: run(:release, stamp(), binding(), turn!(conversation_uuid, user_uuid, turn_ref))
+    do: run(:release, binding(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
   Releases the locks of a turn lost with its node: only while the chat's lock
@@ -168,19 +166,18 @@ defmodule PhoenixKitAgent.Turns.Locks do
       false = Locks.release_stale(chat, user, "turn-1", 120)  # still fresh, or not turn-1's
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
-  def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
-    run(
-      :release_stale,
-      stamp(),
-      binding(),
-      turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
-    )
-  end
+  def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s),
+    do:
+      run(
+        :release_stale,
+        binding(),
+        turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
+      )
 
   @doc "Releases the user's lock if the click `ref` still holds it. Always `:ok`."
   @spec release_user(String.t(), String.t()) :: :ok
   def release_user(user_uuid, ref),
-    do: run(:release_user, stamp(), binding(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
+    do: run(:release_user, binding(), [uuid!(:user_uuid, user_uuid), click_ref!(ref)])
 
   @doc """
   Renews a turn's lease: dates both of `turn_ref`'s locks as `acquire/5`
@@ -198,7 +195,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
     do:
       run(
         :keep,
-        stamp(),
         binding(),
         lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s)
       )
@@ -396,7 +392,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
           }
         ]
   def held_locks(ttl_s) do
-    run(:held_locks, stamp(), binding(), [ttl!(ttl_s)], fn held ->
+    run(:held_locks, binding(), [ttl!(ttl_s)], fn held ->
       for {kind, uuid, ref, since, age, stale} <- held do
         # Within DateTime's range: the statement gives none other (sql.rs HELD_LOCKS).
         since = since && DateTime.from_unix!(since, :microsecond)
@@ -420,18 +416,17 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   ## Running a call
 
-  # The call's one stamp, on the monotonic clock, taken before it queues: its
-  # deadline (checkout + connect + statement timeouts) runs from here, and the
-  # native side reads the same clock.
-  defp stamp, do: System.monotonic_time(:nanosecond)
-
   # One call, a span of events (Observe) whose metadata is the function and
   # its arguments as the caller passed them (the public function's
   # `binding()`, taken before it binds anything else; `args` are the NIF's);
   # `answer` makes the function's return of the NIF's answer. Under
   # testing: :sandbox the call goes through the host's repo, in this process
   # (sandbox.ex).
-  defp run(function, start, arguments, args, answer \\ & &1) do
+  # The call's one stamp, on the monotonic clock, is taken before it queues:
+  # its deadline (checkout + connect + statement timeouts) runs from there,
+  # and the native side reads the same clock.
+  defp run(function, arguments, args, answer \\ & &1) do
+    start = System.monotonic_time(:nanosecond)
     span = Observe.start(function, start, Map.new([{:function, function} | arguments]))
 
     try do
