@@ -30,7 +30,7 @@ use std::sync::{Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use locks_core::{
-    Acquire, Answer, Deadline, Hold, Job, LockPool, Prepare, Settings, SslMode, Ttl, TurnRef, Uuid,
+    Answer, Deadline, Hold, Job, LockPool, Prepare, Settings, SslMode, Ttl, TurnRef, Uuid,
 };
 
 const TTL_S: i64 = 120;
@@ -95,7 +95,7 @@ fn run() -> Result<(), String> {
         for (chat, user, turn) in &rows {
             let job = Job::Acquire(*chat, *user, turn.clone(), ttl, hold);
             match pool.run(deadline(), &job).map_err(|e| e.to_string())? {
-                Answer::Acquire(Acquire::Acquired) => {}
+                Answer::Ok => {}
                 other => return Err(format!("the reads' lock was not taken: {other:?}")),
             }
         }
@@ -107,11 +107,8 @@ fn run() -> Result<(), String> {
         .iter()
         .map(|(chat, user, turn)| match ns {
             1 => vec![
-                (
-                    Job::Acquire(*chat, *user, turn.clone(), ttl, hold),
-                    Answer::Acquire(Acquire::Acquired),
-                ),
-                (Job::Release(*chat, *user, turn.clone()), Answer::Done),
+                (Job::Acquire(*chat, *user, turn.clone(), ttl, hold), Answer::Ok),
+                (Job::Release(*chat, *user, turn.clone()), Answer::Ok),
             ],
             2 => vec![
                 (Job::Held(*chat, *user, turn.clone()), Answer::Yes(true)),
