@@ -340,12 +340,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   # Callers in the queue's line, in a child node: `start/1` starts each call
   # in a process of its own, one after the other, and returns once the first
   # runs its NIF call and every other one waits in line, in the order given
-  # (so the test knows the order the slots are handed in); `answers/1` collects, for
+  # (so the test
+  # knows the order the slots are handed in); `answers/1` collects, for
   # each, `{answer, ended, mailbox}`: `Race.attempt/2`'s value, when the call
   # returned (monotonic, microseconds) and what was left in the caller's
   # mailbox. Any caller can be killed (`kill/1`): its answer is then
-  # `:killed`. `take_slot/0` takes a slot, or waits in line for one (by
-  # `Native.take/1`, as `Locks.call/3` does), and never starts it.
+  # `:killed`. `hold_slot/0` waits in line for a slot (with `Native.take/3`,
+  # as `Locks.call/3` does), and never starts one it is handed.
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
@@ -355,7 +356,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     collector = self_collector()
     first = call(collector, 0, first)
     # Its statement sent: it runs on a dirty-I/O scheduler, not just holds a slot.
-    running = {:current_function, {Locks.Native, :run, 3}}
+    running = {:current_function, {Locks.Native, :run, 0}}
     :ok = Faults.until(fn -> Process.info(first, :current_function) == running end, 10_000)
 
     for {call, i} <- Enum.with_index(queued, 1) do
@@ -372,6 +373,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     :ok
   end
 
+  # `take_slot/0` takes a free slot by `Native.take/3` and never starts it.
+  def take_slot, do: park(fn stamp -> :ok = Locks.Native.take(stamp, :held?, held_args()) end)
+
   # A call stamped far in the future (by `Locks.call/3` itself), while the
   # slots are held: what it raised, and what is left in this mailbox.
   def future_call do
@@ -386,18 +390,25 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     {raised, Process.info(self(), :messages)}
   end
 
-  def take_slot do
+  def hold_slot,
+    do: park(fn stamp -> {:wait, _ms} = Locks.Native.take(stamp, :held?, held_args()) end)
+
+  defp held_args, do: [<<1::128>>, <<2::128>>, "parked"]
+
+  # A process that makes the first NIF call of a lock call (`first`, given a
+  # fresh stamp) and never the next: its pid, once that call has answered.
+  defp park(first) do
     me = self()
 
     pid =
       spawn(fn ->
-        Locks.Native.take(System.monotonic_time(:nanosecond))
-        send(me, {:taken, self()})
+        first.(System.monotonic_time(:nanosecond))
+        send(me, {:parked, self()})
         Process.sleep(:infinity)
       end)
 
     receive do
-      {:taken, ^pid} -> pid
+      {:parked, ^pid} -> pid
     end
   end
 
@@ -439,6 +450,33 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
       {:answers, from, n} -> collect(answers, {from, n})
       {:count, from} -> send(from, {:count, map_size(answers)}) && collect(answers, asker)
     end
+  end
+
+  # From now on, records whether caller `i` calls `Native.leave/0` (its
+  # checkout deadline passed); `until_left/0` waits (10 s at most) until it has.
+  def watch_leave(i) do
+    watcher = spawn(fn -> leave_watch(false) end)
+    Process.register(watcher, Module.concat(__MODULE__, LeaveWatch))
+    :erlang.trace_pattern({Locks.Native, :leave, 0}, true, [:global])
+    1 = :erlang.trace(Process.whereis(name(i)), true, [:call, {:tracer, watcher}])
+    :ok
+  end
+
+  defp leave_watch(left) do
+    receive do
+      {:trace, _, :call, {Locks.Native, :leave, []}} -> leave_watch(true)
+      {:left?, from} -> send(from, {:left?, left}) && leave_watch(left)
+    end
+  end
+
+  def until_left do
+    Faults.until(
+      fn ->
+        send(Module.concat(__MODULE__, LeaveWatch), {:left?, self()})
+        receive do: ({:left?, left} -> left)
+      end,
+      10_000
+    )
   end
 
   defp name(i), do: Module.concat(__MODULE__, "Caller#{i}")

@@ -5,16 +5,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   #
   # `run/1`: callers, each on a chat and a user of its own, take both locks
   # and release them, while a killer kills callers at random (some right as
-  # their `:go` arrives, seen by tracing their receives) and the application
+  # their `:go` or their answer from the line arrives, seen by tracing their
+  # receives) and the application
   # is stopped and started again at random. Every caller that survives
   # reports its outcome, then waits until the storm has settled and reports
   # what is left in its mailbox.
   #
   # `killed_in_run/1`: long-lived callers loop on held?/3 (a 1 ms checkout:
   # slots are often handed at a waiter's deadline) while a killer kills every
-  # caller it finds inside run/3 and starts another: the end of each such
+  # caller it finds inside run/0 and starts another: the end of each such
   # call hands the slot on from a dead process (its go sent by a thread of
-  # its own, call.rs's `go/1`).
+  # its own, call.rs's `send/4`), and runs nothing from the line.
   # Counts each outcome and every message a caller finds after a call.
   #
   # `stale/1`: callers whose checkout deadline has already passed when they
@@ -29,17 +30,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   def run(opts) do
     calls = Keyword.fetch!(opts, :calls)
     kills = Keyword.get(opts, :kills, 0)
+    kill_on_answer = Keyword.get(opts, :kill_on_answer, 0.0)
     cycles = Keyword.get(opts, :cycles, 0)
     spread_ms = Keyword.get(opts, :spread_ms, 2_000)
     me = self()
 
-    tracer = spawn(fn -> tracer(0) end)
+    tracer = spawn(fn -> tracer(kill_on_answer) end)
 
     callers =
       for {{chat, user, ref}, i} <- Enum.with_index(calls) do
         pid = spawn(fn -> caller(me, i, chat, user, ref) end)
         Process.monitor(pid)
-        # Every third caller is watched for its :go.
+        # Every third caller is watched for its :go and its answer.
         if rem(i, 3) == 0, do: :erlang.trace(pid, true, [:receive, {:tracer, tracer}])
         {i, pid}
       end
@@ -156,15 +158,22 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     end
   end
 
-  # Kills a traced caller as its :go arrives; counts those kills.
-  defp tracer(kills) do
+  defp tracer(p), do: tracer_loop(p, %{go: 0, answer: 0})
+
+  # Kills a traced caller as its :go arrives (the rarer: most waiters get
+  # their answer from the line), or, with probability `p`, as that answer
+  # arrives; counts the kills of each.
+  defp tracer_loop(p, kills) do
     receive do
-      {:trace, pid, :receive, {:phoenix_kit_agent_locks, :go}} ->
-        Process.exit(pid, :kill)
-        tracer(kills + 1)
+      {:trace, pid, :receive, {:phoenix_kit_agent_locks, message}} ->
+        kind = if message == :go, do: :go, else: :answer
+
+        if kind == :go or :rand.uniform() < p,
+          do: Process.exit(pid, :kill) && tracer_loop(p, Map.update!(kills, kind, &(&1 + 1))),
+          else: tracer_loop(p, kills)
 
       {:trace, _, _, _} ->
-        tracer(kills)
+        tracer_loop(p, kills)
 
       {:stop, from} ->
         send(from, {:kills, kills})
@@ -183,7 +192,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     send(parent, {:cycled, done})
   end
 
-  ## Killed inside run/3
+  ## Killed inside run/0
 
   def killed_in_run(opts) do
     ms = Keyword.get(opts, :ms, 10_000)
@@ -203,7 +212,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
       kills =
         Enum.reduce(:ets.tab2list(table), kills, fn {pid}, kills ->
           case Process.info(pid, :current_function) do
-            {:current_function, {_, :run, 3}} ->
+            {:current_function, {_, :run, 0}} ->
               Process.exit(pid, :kill)
               :ets.delete(table, pid)
               :ets.insert(table, {looper(me, until)})
@@ -280,7 +289,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
 
   defp stale_loop(until, counts) do
     if System.monotonic_time(:millisecond) < until do
-      # A stamp older than any checkout timeout: run/3 finds the deadline gone.
+      # A stamp older than any checkout timeout: take/3 finds the deadline gone.
       start = System.monotonic_time(:nanosecond) - 3_600_000_000_000
       args = [<<:rand.uniform(1_000_000_000_000)::128>>, <<1::128>>, "stale"]
 

@@ -448,24 +448,31 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc false
   # The NIF calls of one lock call, by the protocol of native/locks_core/src/queue.rs:
-  # a slot now, or a place in line until go or the deadline.
+  # a slot now, or a place in line until the caller's reply or its deadline.
   def call(function, start, args) do
-    with {:wait, ms} <- Native.take(start) do
-      receive do
-        {:phoenix_kit_agent_locks, :go} -> :ok
-      after
-        ms ->
-          error = Native.leave()
-          # A slot handed as the deadline passed went back: its go is here, or never comes.
-          receive do
-            {:phoenix_kit_agent_locks, :go} -> raise error
-          after
-            0 -> raise error
-          end
-      end
+    case Native.take(start, function, args) do
+      :ok -> Native.run()
+      {:wait, ms} -> await(ms, nil)
     end
+  end
 
-    Native.run(start, function, args)
+  # The one receive of a caller in line. `left`: the exception to raise once
+  # it has left at its deadline, when a go handed as it left may be here.
+  defp await(ms, left) do
+    receive do
+      {:phoenix_kit_agent_locks, _go} when left != nil -> raise left
+      {:phoenix_kit_agent_locks, :go} -> Native.run()
+      {:phoenix_kit_agent_locks, {:ok, answer}} -> answer
+      {:phoenix_kit_agent_locks, {:error, error}} -> raise error
+    after
+      ms ->
+        case left || Native.leave() do
+          # Its call was taken from the line: the answer comes, by the call's deadline.
+          :taken -> await(:infinity, nil)
+          ^left -> raise left
+          error -> await(0, error)
+        end
+    end
   end
 
   ## Argument checks: each raises ArgumentError naming the argument before

@@ -32,6 +32,21 @@ impl Deadline {
         Deadline { at: started + budget, budget }
     }
 
+    /// Whether it has passed.
+    pub fn passed(&self) -> bool {
+        Instant::now() >= self.at
+    }
+
+    /// Whichever of the two comes first: a call run for another caller
+    /// ends by that caller's deadline and by the running one's.
+    pub fn earlier(self, other: Deadline) -> Deadline {
+        if other.at < self.at {
+            other
+        } else {
+            self
+        }
+    }
+
     /// `future`'s result, or [`Error::Timeout`] if the deadline passes
     /// first. Polled inside a runtime, whose timer it needs.
     async fn bound<T>(self, future: impl Future<Output = Result<T>>) -> Result<T> {

@@ -4,31 +4,40 @@
 //! database that hangs, calls let in freely would hold every such scheduler,
 //! and the VM's file I/O with them. So a call runs only with a **slot**, and
 //! there are `limit` slots, one per pooled connection. A **caller** (a
-//! process) without one waits in the **line**, on a normal scheduler, until
-//! it is sent **go** or its **deadline** (its stamp plus the checkout
-//! timeout) passes. Each caller in the line, or holding a slot it has not
-//! started, is **watched** (the NIF's monitor of the process).
+//! process) without one waits in the **line** with its call, on a normal
+//! scheduler, until it is sent its **reply** or its **deadline** (its stamp
+//! plus the checkout timeout) passes. Each caller in line, or holding a slot
+//! it has not started, is **watched** (the NIF's monitor of the process).
 //!
 //! 1. [`Queue::take`], on a normal scheduler: a slot while one is free and
-//!    nobody waits (the caller runs its call at once), else a place at the
-//!    end of the line.
-//! 2. Go: when a slot frees, it is handed to the first in line, who is sent
-//!    go, with the queue locked.
-//! 3. [`Queue::start`], as the call begins on a dirty-I/O scheduler, and
-//!    [`Queue::finish`] when it ends, whatever its outcome.
-//! 4. At its deadline, a caller still waiting leaves ([`Queue::leave`]):
-//!    out of the line, or giving back the slot handed to it, whose go is
-//!    then in its mailbox or never comes.
+//!    nobody waits (the caller runs its call at once, on a dirty-I/O
+//!    scheduler), else a place at the end of the line, with its call.
+//! 2. [`Queue::start`] as a call begins. When it ends, [`Queue::finish`]:
+//!    the call that ended takes the first call in line and runs it on its
+//!    own slot and thread, its reply the answer ([`RUN_NEXT`] calls at
+//!    most); then the slot goes to the first in line, whose reply is **go**:
+//!    it runs its own call. So most waiters are woken once, by their answer.
+//! 3. At its deadline, a caller still waiting leaves ([`Queue::leave`]): out
+//!    of the line, or giving back the slot handed to it (its go is then in
+//!    its mailbox, or never comes). A caller in neither had its call taken:
+//!    its answer comes, by that call's deadline.
 //!
 //! A caller that dies while watched is taken out by [`Queue::leave`] at
 //! once: no slot outlives its caller, nobody waits behind a dead one. A
 //! started call runs to its end even when its caller is killed, so a
-//! started slot needs no watching. Closing the pool hands every caller in
-//! line a slot (its call then finds no pool and fails at once). The queue
-//! keeps no clock: each caller leaves by itself at its deadline.
+//! started slot needs no watching. Slots are handed, and calls taken, with
+//! the queue locked. Closing the pool hands every caller in line a slot
+//! (its call then finds no pool and fails at once). The queue keeps no
+//! clock: each caller leaves by itself at its deadline.
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard, PoisonError};
+
+/// How many calls from the line one call that ends runs before it hands its
+/// slot on: each makes its own caller's answer wait one more statement (8
+/// bounds that to about a full line's wait at the default pool of 8), and
+/// saves the caller it runs a dirty-I/O call (`bench/README.md` measures it).
+pub const RUN_NEXT: usize = 8;
 
 /// What the queue holds right now.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -122,15 +131,26 @@ impl<K: PartialEq, W> Queue<K, W> {
         Some(state.held.swap_remove(i).1)
     }
 
-    /// A started call has ended: its slot goes to the first in line.
-    pub fn finish(&self, go: impl FnMut(&K, &W)) {
+    /// A started call has ended. With `take`, the first call in line, if
+    /// any, is taken to run on the same slot (its caller and watch back,
+    /// for its reply), unless more slots are in use than there are now (a
+    /// smaller pool was installed meanwhile); else the slot goes to the
+    /// first in line.
+    pub fn finish(&self, take: bool, go: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
+        if take && state.used() <= state.limit {
+            if let Some(taken) = state.line.pop_front() {
+                return Some(taken);
+            }
+        }
         state.running = state.running.saturating_sub(1);
         state.fill(go);
+        None
     }
 
     /// Takes `key` out of the line, or takes back the slot it holds and
-    /// hands it on; its watch, or `None` when it was in neither.
+    /// hands it on; its watch, or `None` when it was in neither (its call
+    /// was taken, or started).
     pub fn leave(&self, key: &K, go: impl FnMut(&K, &W)) -> Option<W> {
         let mut state = self.lock();
         let left = match state.line.iter().position(|(k, _)| k == key) {

@@ -1,5 +1,5 @@
 //! The queue (`locks_core::queue`) through its public API: the limit, first
-//! come first served, leaving, a late go, a stop. Pure data: no database, no
+//! come first served, calls taken from the line, leaving, a late go, a stop. Pure data: no database, no
 //! VM. The callers are names; their watch is the name too, and "told"
 //! records the names sent go, in order.
 
@@ -75,13 +75,13 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     run(&queue, "a");
     wait(&queue, "b");
     wait(&queue, "c");
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["b"]);
     // The slot is b's until b starts it or leaves: d waits behind c.
     wait(&queue, "d");
     assert_eq!(queue.counts(), counts(1, 0, 1, 2));
     assert_eq!(queue.start(&"b"), Some("b"));
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
 }
 
@@ -93,7 +93,7 @@ fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
     wait(&queue, "b");
     wait(&queue, "c");
     assert_eq!(queue.leave(&"b", told.go()), Some("b"));
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
     assert_eq!(queue.leave(&"b", told.go()), None);
 }
@@ -106,7 +106,7 @@ fn a_slot_given_back_unstarted_goes_to_the_next_in_line_at_once() {
     run(&queue, "x");
     wait(&queue, "a");
     wait(&queue, "b");
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["a"]);
     assert_eq!(queue.leave(&"a", told.go()), Some("a"));
     assert_eq!(told.take(), ["b"]);
@@ -125,10 +125,10 @@ fn closing_hands_the_line_its_slots_and_nothing_more() {
     queue.close(told.go());
     assert_eq!(told.take(), ["b", "c"]);
     assert_eq!(queue.counts(), counts(0, 1, 2, 0));
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     for who in ["b", "c"] {
         assert_eq!(queue.start(&who), Some(who));
-        queue.finish(told.go());
+        assert_eq!(queue.finish(false, told.go()), None);
     }
     wait(&queue, "d");
     assert!(told.take().is_empty());
@@ -138,7 +138,7 @@ fn closing_hands_the_line_its_slots_and_nothing_more() {
 }
 
 #[test]
-fn a_smaller_pool_hands_no_slot_until_fewer_are_used_than_it_has() {
+fn a_smaller_pool_hands_no_slot_and_takes_no_call_until_fewer_are_used_than_it_has() {
     let queue = queue(2);
     let told = Told::default();
     run(&queue, "a");
@@ -147,10 +147,37 @@ fn a_smaller_pool_hands_no_slot_until_fewer_are_used_than_it_has() {
     queue.close(told.go());
     queue.resize(1, told.go());
     wait(&queue, "c");
-    queue.finish(told.go());
+    wait(&queue, "d");
+    // a ends: two slots used of one, so it takes nothing and hands nothing.
+    assert_eq!(queue.finish(true, told.go()), None);
     assert!(told.take().is_empty());
-    queue.finish(told.go());
+    // b ends: one of one; it may take c onto its slot, and then hand it to d.
+    assert_eq!(queue.finish(true, told.go()), Some(("c", "c")));
+    assert_eq!(queue.counts(), counts(1, 1, 0, 1));
+    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(told.take(), ["d"]);
+}
+
+#[test]
+fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
+    let queue = queue(1);
+    let told = Told::default();
+    run(&queue, "a");
+    wait(&queue, "b");
+    wait(&queue, "c");
+    // a's call ended: b's call is taken, first come first served, and runs
+    // on a's slot (still one running); nobody is handed a slot.
+    assert_eq!(queue.finish(true, told.go()), Some(("b", "b")));
+    assert!(told.take().is_empty());
+    assert_eq!(queue.counts(), counts(1, 1, 0, 1));
+    // b, at its deadline, is in neither the line nor a slot: its answer comes.
+    assert_eq!(queue.leave(&"b", told.go()), None);
+    // Without taking, the slot goes to c; with the line empty, taking frees it.
+    assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
+    assert_eq!(queue.start(&"c"), Some("c"));
+    assert_eq!(queue.finish(true, told.go()), None);
+    assert_eq!(queue.counts(), counts(1, 0, 0, 0));
 }
 
 #[test]
@@ -164,13 +191,13 @@ fn a_late_go_is_sent_only_for_the_slot_it_is_about_while_unstarted() {
     run(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
     assert!(!queue.take("a", || Some("a-1")));
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
     assert_eq!(queue.leave(&"a", told.go()), Some("a-1"));
     run(&queue, "c");
     assert!(!queue.take("a", || Some("a-2")));
-    queue.finish(told.go());
+    assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["a", "a"]);
     // The first handing's late go finds the second, and is not sent.
     late("a-1");

@@ -2,8 +2,8 @@
 
 rustler::atoms! {
     ok, error,
-    // The queue's answer and message (call.rs), and the message's tag
-    go, wait, phoenix_kit_agent_locks,
+    // The queue's answers and replies (call.rs), and the replies' tag
+    go, wait, taken, phoenix_kit_agent_locks,
     // acquire/4 and acquire_user/4 refusals
     conversation_busy, turn_in_flight, click_in_flight,
     // PhoenixKitAgent.Turns.Locks.Error reasons

@@ -1,22 +1,75 @@
 //! How one lock call runs, by the protocol of `locks_core::queue` (whose
-//! module doc states it): `take/1` on a normal scheduler answers `:ok` (a
-//! slot) or `{:wait, ms}` (in line, `ms` to the deadline); a caller in line
-//! is sent `{:phoenix_kit_agent_locks, :go}`, or calls `leave/0` at its
-//! deadline; `run/3` on a dirty-I/O scheduler runs the call with the slot.
+//! module doc states it): `take/3` on a normal scheduler decodes the call
+//! and answers `:ok` (a slot: `run/0` next, on a dirty-I/O scheduler) or
+//! `{:wait, ms}` (in line, `ms` to the deadline). A caller in line gets one
+//! message, its [`Reply`], or calls `leave/0` at its deadline.
 
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use locks_core::queue::Queue;
-use locks_core::{global, Deadline, Error};
+use locks_core::queue::{Queue, RUN_NEXT};
+use locks_core::{global, Answer, Deadline, Error, Job, Settings};
 use rustler::{Encoder, Env, LocalPid, Monitor, NifResult, OwnedEnv, Resource, ResourceArc, Term};
-use std::sync::OnceLock;
 
 use crate::atoms;
-use crate::error::{exception, raise};
+use crate::error::{exception, raise, LocksError};
 use crate::locks::{encode, job};
 
-/// The slots of this VM, its callers watched by a monitor.
-pub static QUEUE: Queue<LocalPid, Monitor> = Queue::new();
+/// The slots of this VM, and its callers with their calls.
+pub static QUEUE: Queue<LocalPid, Waiter> = Queue::new();
+
+/// A caller's call, decoded once, and the monitor that watches the caller.
+pub struct Waiter {
+    monitor: Monitor,
+    start: i64,
+    job: Job,
+}
+
+/// The one message a caller in line gets, `{:phoenix_kit_agent_locks, reply}`.
+enum Reply {
+    /// `:go`: a slot is the caller's; it runs its call (`run/0`).
+    Go,
+    /// `{:ok, answer}`: its call was taken from the line and ran.
+    Answer(Answer),
+    /// `{:error, exception}`: its call was taken from the line and failed.
+    Raise(LocksError),
+}
+
+impl Reply {
+    fn encode<'a>(&self, env: Env<'a>) -> Term<'a> {
+        let reply = match self {
+            Reply::Go => atoms::go().encode(env),
+            Reply::Answer(answer) => (atoms::ok(), encode(env, answer)).encode(env),
+            Reply::Raise(error) => (atoms::error(), error).encode(env),
+        };
+        (atoms::phoenix_kit_agent_locks(), reply).encode(env)
+    }
+}
+
+/// Sends `pid` its reply. The VM sends nothing for a process that is dead
+/// (one killed while its call ran): then a thread of its own sends it, a go
+/// only while the caller still holds that slot unstarted (`watch`). Should
+/// the OS refuse the thread, a caller sent go leaves at its deadline and the
+/// slot goes on; no call is taken from the line by a dead process.
+fn send(env: Env<'_>, pid: LocalPid, reply: Reply, watch: Option<Monitor>) {
+    if env.send(&pid, reply.encode(env)).is_ok() {
+        return;
+    }
+    let _ = std::thread::Builder::new().spawn(move || {
+        let send = || {
+            let _ = OwnedEnv::new().send_and_clear(&pid, |env| reply.encode(env));
+        };
+        match watch {
+            Some(monitor) => QUEUE.if_held(&pid, |w| w.monitor == monitor, send),
+            None => send(),
+        }
+    });
+}
+
+/// Sends a caller handed a slot its go.
+pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
+    move |pid, waiter| send(env, *pid, Reply::Go, Some(waiter.monitor))
+}
 
 /// The resource whose monitors take a dead caller out of the queue.
 struct Callers;
@@ -35,29 +88,6 @@ fn callers() -> &'static ResourceArc<Callers> {
     CALLERS.get_or_init(|| ResourceArc::new(Callers))
 }
 
-/// Sends a caller handed a slot its go. The VM sends nothing for a process
-/// that is dead (one killed while its call ran, whose slot is handed on as
-/// the call ends): then a thread of its own sends it, if the caller still
-/// holds that slot (should the OS refuse the thread, the caller leaves at
-/// its deadline and the slot goes on).
-pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Monitor) + '_ {
-    let go = (atoms::phoenix_kit_agent_locks(), atoms::go());
-    move |pid, monitor| {
-        if env.send(pid, go).is_err() {
-            let (pid, monitor) = (*pid, *monitor);
-            let _ = std::thread::Builder::new().spawn(move || {
-                QUEUE.if_held(
-                    &pid,
-                    |m| *m == monitor,
-                    || {
-                        let _ = OwnedEnv::new().send_and_clear(&pid, |_| go);
-                    },
-                );
-            });
-        }
-    }
-}
-
 /// The Erlang monotonic clock in nanoseconds, which callers stamp calls by.
 #[allow(unsafe_code)]
 fn now_ns() -> i64 {
@@ -71,26 +101,37 @@ fn since(start: i64) -> Duration {
     Duration::from_nanos(u64::try_from(now_ns().saturating_sub(start)).unwrap_or(0))
 }
 
-/// A slot (`:ok`), or a place in line (`{:wait, ms}`, the time left to the
-/// caller's deadline, stamped `start`; `{:wait, 0}` without a pool).
+/// The deadline of a call stamped `start`, on the core's clock.
+fn deadline(start: i64, settings: &Settings) -> Deadline {
+    let started = Instant::now().checked_sub(since(start)).unwrap_or_else(Instant::now);
+    Deadline::new(started, settings)
+}
+
+/// The call decoded (a bad argument takes nothing), then a slot (`:ok`) or a
+/// place in line (`{:wait, ms}`, the time left to the caller's deadline;
+/// `{:wait, 0}` without a pool).
 #[rustler::nif]
-fn take(env: Env<'_>, start: i64) -> Term<'_> {
-    if QUEUE.take(env.pid(), || env.monitor(callers(), &env.pid())) {
-        return atoms::ok().encode(env);
+fn take<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
+    let job = job(env, function, args)?;
+    let pid = env.pid();
+    if QUEUE.take(pid, || Some(Waiter { monitor: env.monitor(callers(), &pid)?, start, job })) {
+        return Ok(atoms::ok().encode(env));
     }
     let checkout = global::current().map_or(Duration::ZERO, |pool| pool.settings().checkout());
     let left = checkout.saturating_sub(since(start)).as_nanos().div_ceil(1_000_000);
-    (atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env)
+    Ok((atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env))
 }
 
 /// At the deadline: out of the line (or the slot handed just now goes back,
 /// its go in the mailbox or never sent), and the exception to raise:
-/// `:pool_timeout`, or `:not_started` with no pool.
+/// `:pool_timeout`, or `:not_started` with no pool. `:taken` when the call
+/// was taken from the line: its reply comes.
 #[rustler::nif]
 fn leave(env: Env<'_>) -> Term<'_> {
-    if let Some(monitor) = QUEUE.leave(&env.pid(), go(env)) {
-        env.demonitor(callers(), &monitor);
-    }
+    let Some(waiter) = QUEUE.leave(&env.pid(), go(env)) else {
+        return atoms::taken().encode(env);
+    };
+    env.demonitor(callers(), &waiter.monitor);
     match global::current() {
         Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout())),
         Err(err) => exception(err),
@@ -98,31 +139,48 @@ fn leave(env: Env<'_>) -> Term<'_> {
     .encode(env)
 }
 
-/// Runs the call with the caller's slot, which it frees on every path out,
-/// bad arguments included; a caller that holds none (it did not `take/1`
-/// one) gets `ArgumentError`.
+/// Runs the caller's call with its slot, freed on every path out; a caller
+/// that holds none (it did not `take/3` one) gets `ArgumentError`.
 #[rustler::nif(schedule = "DirtyIo")]
-fn run<'a>(
-    env: Env<'a>,
-    start: Term<'a>,
-    function: Term<'a>,
-    args: Term<'a>,
-) -> NifResult<Term<'a>> {
-    let monitor = QUEUE.start(&env.pid()).ok_or(rustler::Error::BadArg)?;
-    env.demonitor(callers(), &monitor);
-    let _slot = Slot(env);
-    let (start, job): (i64, _) = (start.decode()?, job(env, function, args)?);
+fn run(env: Env<'_>) -> NifResult<Term<'_>> {
+    let waiter = QUEUE.start(&env.pid()).ok_or(rustler::Error::BadArg)?;
+    env.demonitor(callers(), &waiter.monitor);
+    let mut slot = Slot { env, own: None };
     let pool = global::current().map_err(raise)?;
-    let started = Instant::now().checked_sub(since(start)).unwrap_or_else(Instant::now);
-    let answer = pool.run(Deadline::new(started, pool.settings()), &job).map_err(raise)?;
+    let own = deadline(waiter.start, pool.settings());
+    let answer = pool.run(own, &waiter.job).map_err(raise)?;
+    slot.own = Some(own);
     Ok(encode(env, &answer))
 }
 
-/// A started slot, finished when dropped.
-struct Slot<'a>(Env<'a>);
+/// A started slot, finished when dropped. Once its own call has succeeded
+/// (`own`, its deadline), it runs up to `RUN_NEXT` calls from the line, each
+/// by its own deadline and this one's, whichever comes first (so this
+/// call's answer is not later than its own deadline), until this one's
+/// passes or one of them fails; then the slot goes to the first in line. A
+/// call that failed, or whose caller is dead, runs none.
+struct Slot<'a> {
+    env: Env<'a>,
+    own: Option<Deadline>,
+}
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        QUEUE.finish(go(self.0));
+        let env = self.env;
+        let mut runs = if env.pid().is_alive(env) { RUN_NEXT } else { 0 };
+        while let Some(own) = self.own.filter(|own| runs > 0 && !own.passed()) {
+            runs -= 1;
+            let Some((pid, waiter)) = QUEUE.finish(true, go(env)) else { return };
+            env.demonitor(callers(), &waiter.monitor);
+            let answer = global::current().and_then(|pool| {
+                pool.run(deadline(waiter.start, pool.settings()).earlier(own), &waiter.job)
+            });
+            let reply = answer.map_or_else(|err| Reply::Raise(exception(err)), Reply::Answer);
+            if matches!(reply, Reply::Raise(_)) {
+                runs = 0;
+            }
+            send(env, pid, reply, None);
+        }
+        QUEUE.finish(false, go(env));
     }
 }

@@ -2,9 +2,10 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   # The queue (native/locks_core/src/queue.rs), with a pool of one
   # connection in a child node: the first call waits for a row another
   # session holds, and the next ones wait in line behind it. The calls in
-  # line run in order: a call that ends hands its slot to the first in line;
-  # a caller that dies leaves the line, or gives back the slot it held, at
-  # once; a stop tells the line at once; and no caller is left a message.
+  # line run in order: a call that ends runs the next RUN_NEXT from the line
+  # on its slot, then hands the slot to the first in line; a caller that
+  # dies leaves the line, or gives back the slot it held, at once; a stop
+  # tells the line at once; and no caller is left a message.
   use ExUnit.Case, async: true
 
   alias PhoenixKitAgent.Turns.Locks
@@ -72,14 +73,22 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
   defp answers(node, n), do: Node.call(node, Queue, :answers, [n])
 
+  # How many calls from the line one call runs after its own, read from where
+  # it is defined.
+  @run_next "native/locks_core/src/queue.rs"
+            |> File.read!()
+            |> then(&Regex.run(~r/pub const RUN_NEXT: usize = (\d+);/, &1))
+            |> List.last()
+            |> String.to_integer()
+
   defp chat_ref(chat),
     do:
       TestDB.value!(
         "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'"
       )
 
-  test "calls in line run in order when the slot frees, each answering its documented " <>
-         "term, with nothing left in the mailboxes",
+  test "calls in line run in order when the slot frees, the first ones by the call that " <>
+         "frees it, each answering its documented term, with nothing left in the mailboxes",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
@@ -114,8 +123,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
            ]
 
     # The answers above hold only in this order: that is the order the calls
-    # ran in. (When each caller read its answer is no proof of the order: two
-    # callers woken 69 µs apart were once scheduled the other way round.)
+    # ran in. The first RUN_NEXT calls in line were run by the first call, on
+    # its slot: their callers had their answers before that call returned.
+    # (When each caller read its answer is no proof of the order: two callers
+    # woken 69 µs apart were once scheduled the other way round.)
+    [first | ran] = Enum.map(answers, &elem(&1, 1)) |> Enum.take(@run_next + 1)
+    assert Enum.all?(ran, &(&1 < first)), "not run by the first call: #{inspect([first | ran])}"
     assert Enum.all?(answers, &(elem(&1, 2) == [])), inspect(answers)
     assert %{running: 0, waiting: 0} = status(node)
   end
@@ -147,20 +160,27 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   test "a caller killed holding a slot it was handed and never started frees it at once",
        %{chats: [x | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
-    blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]}])
-    holder = Node.call(node, Queue, :take_slot, [])
-    assert %{running: 1, waiting: 1} = status(node)
+    # The first call runs the next RUN_NEXT from the line, then hands its slot on.
+    ran = for _ <- 1..@run_next, do: {:held?, [TestDB.uuid(), TestDB.uuid(), "r"]}
+    blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]} | ran])
+    holder = Node.call(node, Queue, :hold_slot, [])
+    assert %{running: 1, waiting: waiting} = status(node)
+    assert waiting == @run_next + 1
 
     TestDB.query!("COMMIT", blocker)
-    assert [{{:ok, :ok}, _, []}] = answers(node, 1)
+    assert [{{:ok, :ok}, _, []} | ran] = answers(node, @run_next + 1)
+    assert Enum.all?(ran, &match?({{:ok, false}, _, []}, &1)), inspect(ran)
+
     # The slot is the holder's, handed and not started.
+    until!(node, :waiting, 0)
     assert %{running: 1, waiting: 0} = status(node)
 
     kill_frees_slot!(node, holder)
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
-  test "a caller killed holding a free slot it took and never started frees it at once",
+  test "a caller that took a free slot by take/3 and is killed before it starts it frees it " <>
+         "at once",
        %{app: app} do
     node = node!(app, checkout_timeout: 10_000)
     holder = Node.call(node, Queue, :take_slot, [])
@@ -182,8 +202,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     kill_frees_slot!(node, holder)
   end
 
-  test "a call whose caller is killed while it runs ends, and hands its slot to the next " <>
-         "in line (its go sent by a thread of its own)",
+  test "a call whose caller is killed while it runs ends, and the callers in line behind it " <>
+         "get their answers (a dead caller's call hands its slot on by a thread of its own)",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub, uc] = for _ <- 1..3, do: TestDB.uuid()
@@ -222,7 +242,27 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [y, ub, "b"]) == false
   end
 
-  test "a call that fails hands its slot on: the next caller runs its own call",
+  test "a caller whose checkout deadline passes while its call runs from the line gets " <>
+         "that call's answer, with nothing left in its mailbox",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 1_000, connect_timeout: 5_000, statement_timeout: 5_000)
+    [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
+    second = hold_row!(y)
+    blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
+    :ok = Node.call(node, Queue, :watch_leave, [1])
+
+    # a's call ends and runs b's, which waits for y's row past b's checkout deadline.
+    TestDB.query!("COMMIT", blocker)
+    assert Node.call(node, Queue, :until_left, []) == :ok
+    TestDB.query!("COMMIT", second)
+
+    assert [{{:ok, :ok}, _, []}, {{:ok, :ok}, _, []}] = answers(node, 2)
+    assert %{running: 0, waiting: 0} = status(node)
+    assert Node.call(node, Locks, :held?, [y, ub, "b"]) == true
+  end
+
+  test "a call that fails runs nothing from the line: the next caller runs its own call, " <>
+         "after the failed one has returned",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
@@ -237,10 +277,52 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
-    assert [{{:raised, %Error{reason: :disconnected}}, _, []}, {{:ok, :ok}, _, []}] =
+    assert [{{:raised, %Error{reason: :disconnected}}, a_ended, []}, {{:ok, :ok}, b_ended, []}] =
              answers(node, 2)
 
+    assert a_ended < b_ended, "b's call was run by a's failed one"
     TestDB.close(blocker)
+  end
+
+  test "a call run from the line that fails stops the taking: the next caller runs its own " <>
+         "call, after the call that ran the failed one has returned",
+       %{chats: [x, y | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
+    second = hold_row!(y)
+    [[second_pid]] = TestDB.query!("SELECT pg_backend_pid()", second)
+
+    calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}, {:held?, [x, ua, "a"]}]
+    blocker = line!(node, calls)
+    TestDB.query!("COMMIT", blocker)
+
+    # a's call ends and runs b's, which waits for y's row; its backend is terminated.
+    backend = blocked_by!(app, second_pid)
+    assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
+
+    assert [
+             {{:ok, :ok}, a_ended, []},
+             {{:raised, %Error{reason: :disconnected}}, _, []},
+             {{:ok, true}, c_ended, []}
+           ] = answers(node, 3)
+
+    assert a_ended < c_ended, "a's call ran c's after b's had failed"
+    TestDB.close(second)
+  end
+
+  # The backend of `app` that waits for a lock `pid`'s session holds (5 s at most).
+  defp blocked_by!(app, pid, tries \\ 500) do
+    case TestDB.query!("""
+         SELECT pid FROM pg_stat_activity
+         WHERE application_name = '#{app}' AND #{pid} = ANY(pg_blocking_pids(pid))
+         """) do
+      [[backend]] ->
+        backend
+
+      [] when tries > 0 ->
+        Process.sleep(10)
+        blocked_by!(app, pid, tries - 1)
+    end
   end
 
   # Commits the blocker once every caller but the first has answered.
