@@ -456,8 +456,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
     end
   end
 
-  # The one receive of a caller in line. `left`: the exception to raise once
-  # it has left at its deadline, when a go handed as it left may be here.
+  # The one receive of a caller in line (`left`: the exception to raise once it
+  # has left at its deadline, when a go handed as it left may be here; `:taken`:
+  # its call was taken from the line, and its answer comes by the call's deadline).
   defp await(ms, left) do
     receive do
       {:phoenix_kit_agent_locks, _go} when left != nil -> raise left
@@ -467,7 +468,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
     after
       ms ->
         case left || Native.leave() do
-          # Its call was taken from the line: the answer comes, by the call's deadline.
           :taken -> await(:infinity, nil)
           ^left -> raise left
           error -> await(0, error)

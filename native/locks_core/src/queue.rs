@@ -6,8 +6,8 @@
 //! there are `limit` slots, one per pooled connection. A **caller** (a
 //! process) without one waits in the **line** with its call, on a normal
 //! scheduler, until it is sent its **reply** or its **deadline** (its stamp
-//! plus the checkout timeout) passes. Each caller in line, or holding a slot
-//! it has not started, is **watched** (the NIF's monitor of the process).
+//! plus the checkout timeout) passes. A caller is **watched** (the NIF's
+//! monitor of the process) from its first call until it dies.
 //!
 //! 1. [`Queue::take`], on a normal scheduler: a slot while one is free and
 //!    nobody waits (the caller runs its call at once, on a dirty-I/O
@@ -22,60 +22,54 @@
 //!    its mailbox, or never comes). A caller in neither had its call taken:
 //!    its answer comes, by that call's deadline.
 //!
-//! A caller that dies while watched is taken out by [`Queue::leave`] at
-//! once: no slot outlives its caller, nobody waits behind a dead one. A
-//! started call runs to its end even when its caller is killed, so a
-//! started slot needs no watching. Slots are handed, and calls taken, with
-//! the queue locked. Closing the pool hands every caller in line a slot
-//! (its call then finds no pool and fails at once). The queue keeps no
-//! clock: each caller leaves by itself at its deadline.
+//! A caller that dies leaves the queue at once: no slot outlives its
+//! caller, nobody waits behind a dead one. A started call runs to its end
+//! even when its caller is killed. Slots are handed, and calls taken, with
+//! the queue locked. Closing hands the line slots (their calls find no
+//! pool). The queue keeps no clock: each caller leaves at its deadline.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-/// How many calls from the line one call that ends runs before it hands its
-/// slot on: each makes its own caller's answer wait one more statement (8
-/// bounds that to about a full line's wait at the default pool of 8), and
-/// saves the caller it runs a dirty-I/O call (`bench/README.md` measures it).
+/// How many calls from the line one call that ends runs: each makes its own
+/// caller's answer wait one more statement, and saves a dirty-I/O call.
 pub const RUN_NEXT: usize = 8;
 
-/// What the queue holds right now.
+/// What the queue holds: its slots, calls running, slots held unstarted,
+/// callers in line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[allow(missing_docs)]
 pub struct Counts {
-    /// Slots in all: the most calls that run at once.
     pub limit: usize,
-    /// Calls running now.
     pub running: usize,
-    /// Slots taken or handed, and not yet started.
     pub held: usize,
-    /// Callers in line.
     pub waiting: usize,
 }
 
-/// The slots and the line of one VM, for callers `K` watched by `W`.
-#[derive(Debug)]
+/// The slots and the line of one VM, for callers `K` making calls `W`.
 pub struct Queue<K, W> {
     state: Mutex<State<K, W>>,
 }
 
-#[derive(Debug)]
 struct State<K, W> {
     limit: usize,
     running: usize,
     held: Vec<(K, W)>,
     line: VecDeque<(K, W)>,
+    watched: BTreeSet<K>,
 }
 
-impl<K: PartialEq, W> Default for Queue<K, W> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<K: PartialEq, W> Queue<K, W> {
+#[allow(clippy::new_without_default)] // `new` is const, for a static
+impl<K: Ord + Copy, W> Queue<K, W> {
     /// A queue with no slots: every caller waits until [`Queue::resize`].
     pub const fn new() -> Self {
-        let state = State { limit: 0, running: 0, held: Vec::new(), line: VecDeque::new() };
+        let state = State {
+            limit: 0,
+            running: 0,
+            held: Vec::new(),
+            line: VecDeque::new(),
+            watched: BTreeSet::new(),
+        };
         Queue { state: Mutex::new(state) }
     }
 
@@ -94,36 +88,35 @@ impl<K: PartialEq, W> Queue<K, W> {
     pub fn close(&self, mut go: impl FnMut(&K, &W)) {
         let mut state = self.lock();
         state.limit = 0;
-        while let Some((key, watch)) = state.line.pop_front() {
-            go(&key, &watch);
-            state.held.push((key, watch));
+        while let Some((key, call)) = state.line.pop_front() {
+            go(&key, &call);
+            state.held.push((key, call));
         }
     }
 
-    /// `true`: `key` holds a slot (taken now while one is free and nobody
-    /// waits, or held already). `false`: it waits in line (put at its end,
-    /// or where it was). It is watched by what `watch` makes; with nothing
-    /// made (the caller is dead), it is in neither.
-    pub fn take(&self, key: K, watch: impl FnOnce() -> Option<W>) -> bool {
+    /// `true`: `key` holds a slot for `call` (taken now while one is free and
+    /// nobody waits, or before); `false`: it waits in line with it (or did
+    /// before). A caller not yet watched is watched first: if `watch` fails
+    /// (the caller is dead), it is in neither.
+    pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool) -> bool {
         let mut state = self.lock();
         if state.held.iter().any(|(k, _)| *k == key) {
             return true;
         }
-        if state.line.iter().any(|(k, _)| *k == key) {
+        if state.line.iter().any(|(k, _)| *k == key) || !state.watched.contains(&key) && !watch() {
             return false;
         }
+        state.watched.insert(key);
         let free = state.line.is_empty() && state.used() < state.limit;
-        if let Some(watch) = watch() {
-            if free {
-                state.held.push((key, watch));
-            } else {
-                state.line.push_back((key, watch));
-            }
+        if free {
+            state.held.push((key, call));
+        } else {
+            state.line.push_back((key, call));
         }
         free
     }
 
-    /// Starts the slot `key` holds: its watch back, or `None` if it holds none.
+    /// Starts the slot `key` holds: its call back, or `None` if it holds none.
     pub fn start(&self, key: &K) -> Option<W> {
         let mut state = self.lock();
         let i = state.held.iter().position(|(k, _)| k == key)?;
@@ -132,10 +125,8 @@ impl<K: PartialEq, W> Queue<K, W> {
     }
 
     /// A started call has ended. With `take`, the first call in line, if
-    /// any, is taken to run on the same slot (its caller and watch back,
-    /// for its reply), unless more slots are in use than there are now (a
-    /// smaller pool was installed meanwhile); else the slot goes to the
-    /// first in line.
+    /// any, is taken to run on its slot, unless more slots are in use than
+    /// a smaller pool installed meanwhile has; else the slot goes on.
     pub fn finish(&self, take: bool, go: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
         if take && state.used() <= state.limit {
@@ -149,7 +140,7 @@ impl<K: PartialEq, W> Queue<K, W> {
     }
 
     /// Takes `key` out of the line, or takes back the slot it holds and
-    /// hands it on; its watch, or `None` when it was in neither (its call
+    /// hands it on; its call, or `None` when it was in neither (its call
     /// was taken, or started).
     pub fn leave(&self, key: &K, go: impl FnMut(&K, &W)) -> Option<W> {
         let mut state = self.lock();
@@ -161,11 +152,17 @@ impl<K: PartialEq, W> Queue<K, W> {
             }
         };
         state.fill(go);
-        left.map(|(_, watch)| watch)
+        left.map(|(_, call)| call)
     }
 
-    /// Runs `f` with the queue locked if `key` still holds the slot it was
-    /// handed with a watch that `was` recognises, unstarted: for a go sent
+    /// `key` died: it leaves, and is watched no more.
+    pub fn gone(&self, key: &K, go: impl FnMut(&K, &W)) {
+        self.lock().watched.remove(key);
+        self.leave(key, go);
+    }
+
+    /// Runs `f` with the queue locked if `key` still holds, unstarted, the
+    /// slot it was handed for a call that `was` recognises: for a go sent
     /// late, which must come for that slot only.
     pub fn if_held(&self, key: &K, was: impl Fn(&W) -> bool, f: impl FnOnce()) {
         let state = self.lock();
@@ -194,9 +191,9 @@ impl<K, W> State<K, W> {
     /// Hands free slots to the first in line, sending each go.
     fn fill(&mut self, mut go: impl FnMut(&K, &W)) {
         while self.used() < self.limit {
-            let Some((key, watch)) = self.line.pop_front() else { break };
-            go(&key, &watch);
-            self.held.push((key, watch));
+            let Some((key, call)) = self.line.pop_front() else { break };
+            go(&key, &call);
+            self.held.push((key, call));
         }
     }
 }

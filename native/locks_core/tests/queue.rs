@@ -3,7 +3,7 @@
 //! VM. The callers are names; their watch is the name too, and "told"
 //! records the names sent go, in order.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 
 use locks_core::queue::{Counts, Queue};
 
@@ -32,12 +32,12 @@ fn queue(limit: usize) -> Q {
 
 /// `who` takes a free slot and starts it.
 fn run(queue: &Q, who: &'static str) {
-    assert!(queue.take(who, || Some(who)), "{who} should find a free slot");
+    assert!(queue.take(who, who, || true), "{who} should find a free slot");
     assert_eq!(queue.start(&who), Some(who));
 }
 
 fn wait(queue: &Q, who: &'static str) {
-    assert!(!queue.take(who, || Some(who)), "{who} should wait");
+    assert!(!queue.take(who, who, || true), "{who} should wait");
 }
 
 fn counts(limit: usize, running: usize, held: usize, waiting: usize) -> Counts {
@@ -48,9 +48,9 @@ fn counts(limit: usize, running: usize, held: usize, waiting: usize) -> Counts {
 fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
     let queue = queue(2);
     run(&queue, "a");
-    assert!(queue.take("b", || Some("b")));
+    assert!(queue.take("b", "b", || true));
     // A caller keeps the slot it holds, and its one place in line.
-    assert!(queue.take("b", || Some("b")));
+    assert!(queue.take("b", "b", || true));
     wait(&queue, "c");
     wait(&queue, "c");
     assert_eq!(queue.counts(), counts(2, 1, 1, 1));
@@ -61,10 +61,10 @@ fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
 #[test]
 fn a_caller_that_cannot_be_watched_takes_nothing() {
     let queue = queue(1);
-    assert!(queue.take("a", || None));
+    assert!(!queue.take("a", "a", || false));
     assert_eq!(queue.counts(), counts(1, 0, 0, 0));
     run(&queue, "b");
-    assert!(!queue.take("c", || None));
+    assert!(!queue.take("c", "c", || false));
     assert_eq!(queue.counts(), counts(1, 1, 0, 0));
 }
 
@@ -190,13 +190,13 @@ fn a_late_go_is_sent_only_for_the_slot_it_is_about_while_unstarted() {
     };
     run(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
-    assert!(!queue.take("a", || Some("a-1")));
+    assert!(!queue.take("a", "a-1", || true));
     assert_eq!(queue.finish(false, told.go()), None);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
     assert_eq!(queue.leave(&"a", told.go()), Some("a-1"));
     run(&queue, "c");
-    assert!(!queue.take("a", || Some("a-2")));
+    assert!(!queue.take("a", "a-2", || true));
     assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["a", "a"]);
     // The first handing's late go finds the second, and is not sent.
@@ -205,4 +205,25 @@ fn a_late_go_is_sent_only_for_the_slot_it_is_about_while_unstarted() {
     assert_eq!(queue.start(&"a"), Some("a-2"));
     late("a-2");
     assert_eq!(*sent.borrow(), ["a-2"]);
+}
+
+#[test]
+fn a_caller_is_watched_from_its_first_call_until_it_is_gone() {
+    let queue = queue(1);
+    let told = Told::default();
+    run(&queue, "a");
+    assert_eq!(queue.finish(false, told.go()), None);
+    // a's next call: a is watched already.
+    assert!(queue.take("a", "a", || panic!("a is watched already")));
+    assert_eq!(queue.start(&"a"), Some("a"));
+    // b dies in line: it leaves, and is watched anew when it comes back.
+    wait(&queue, "b");
+    queue.gone(&"b", told.go());
+    assert_eq!(queue.counts(), counts(1, 1, 0, 0));
+    let watched = Cell::new(false);
+    assert!(!queue.take("b", "b", || {
+        watched.set(true);
+        true
+    }));
+    assert!(watched.get());
 }

@@ -4,6 +4,7 @@
 //! `{:wait, ms}` (in line, `ms` to the deadline). A caller in line gets one
 //! message, its [`Reply`], or calls `leave/0` at its deadline.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -18,20 +19,19 @@ use crate::locks::{encode, job};
 /// The slots of this VM, and its callers with their calls.
 pub static QUEUE: Queue<LocalPid, Waiter> = Queue::new();
 
-/// A caller's call, decoded once, and the monitor that watches the caller.
+/// A caller's call, decoded once, and its ticket, which no other call has.
 pub struct Waiter {
-    monitor: Monitor,
+    ticket: u64,
     start: i64,
     job: Job,
 }
 
-/// The one message a caller in line gets, `{:phoenix_kit_agent_locks, reply}`.
+/// The one message a caller in line gets, `{:phoenix_kit_agent_locks, reply}`:
+/// `:go` (a slot is its own: it runs its call by `run/0`), or the outcome of
+/// its call taken from the line, `{:ok, answer}` or `{:error, exception}`.
 enum Reply {
-    /// `:go`: a slot is the caller's; it runs its call (`run/0`).
     Go,
-    /// `{:ok, answer}`: its call was taken from the line and ran.
     Answer(Answer),
-    /// `{:error, exception}`: its call was taken from the line and failed.
     Raise(LocksError),
 }
 
@@ -46,12 +46,11 @@ impl Reply {
     }
 }
 
-/// Sends `pid` its reply. The VM sends nothing for a process that is dead
-/// (one killed while its call ran): then a thread of its own sends it, a go
-/// only while the caller still holds that slot unstarted (`watch`). Should
-/// the OS refuse the thread, a caller sent go leaves at its deadline and the
-/// slot goes on; no call is taken from the line by a dead process.
-fn send(env: Env<'_>, pid: LocalPid, reply: Reply, watch: Option<Monitor>) {
+/// Sends `pid` its reply; from a dead process (killed while its call ran),
+/// which the VM sends nothing for, by a thread of its own: a go only while
+/// that slot (`ticket`) is still held unstarted. (Should the OS refuse the
+/// thread, the caller leaves at its deadline and the slot goes on.)
+fn send(env: Env<'_>, pid: LocalPid, reply: Reply, ticket: Option<u64>) {
     if env.send(&pid, reply.encode(env)).is_ok() {
         return;
     }
@@ -59,8 +58,8 @@ fn send(env: Env<'_>, pid: LocalPid, reply: Reply, watch: Option<Monitor>) {
         let send = || {
             let _ = OwnedEnv::new().send_and_clear(&pid, |env| reply.encode(env));
         };
-        match watch {
-            Some(monitor) => QUEUE.if_held(&pid, |w| w.monitor == monitor, send),
+        match ticket {
+            Some(ticket) => QUEUE.if_held(&pid, |w| w.ticket == ticket, send),
             None => send(),
         }
     });
@@ -68,10 +67,11 @@ fn send(env: Env<'_>, pid: LocalPid, reply: Reply, watch: Option<Monitor>) {
 
 /// Sends a caller handed a slot its go.
 pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
-    move |pid, waiter| send(env, *pid, Reply::Go, Some(waiter.monitor))
+    move |pid, waiter| send(env, *pid, Reply::Go, Some(waiter.ticket))
 }
 
-/// The resource whose monitors take a dead caller out of the queue.
+/// The resource whose monitors take a dead caller out of the queue. Each
+/// caller has one, from its first call until it dies: a call makes none.
 struct Callers;
 
 #[rustler::resource_impl]
@@ -79,7 +79,7 @@ impl Resource for Callers {
     const IMPLEMENTS_DOWN: bool = true;
 
     fn down<'a>(&'a self, env: Env<'a>, pid: LocalPid, _monitor: Monitor) {
-        QUEUE.leave(&pid, go(env));
+        QUEUE.gone(&pid, go(env));
     }
 }
 
@@ -91,8 +91,7 @@ fn callers() -> &'static ResourceArc<Callers> {
 /// The Erlang monotonic clock in nanoseconds, which callers stamp calls by.
 #[allow(unsafe_code)]
 fn now_ns() -> i64 {
-    // SAFETY: enif_monotonic_time only reads the VM's clock; it may be
-    // called from any thread and takes no pointer.
+    // SAFETY: it only reads the VM's clock, from any thread, and takes no pointer.
     unsafe { rustler::sys::enif_monotonic_time(rustler::sys::ErlNifTimeUnit::ERL_NIF_NSEC) }
 }
 
@@ -108,13 +107,14 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
 }
 
 /// The call decoded (a bad argument takes nothing), then a slot (`:ok`) or a
-/// place in line (`{:wait, ms}`, the time left to the caller's deadline;
-/// `{:wait, 0}` without a pool).
+/// place in line (`{:wait, ms}`, `ms` to the deadline; 0 without a pool).
 #[rustler::nif]
 fn take<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
     let job = job(env, function, args)?;
-    let pid = env.pid();
-    if QUEUE.take(pid, || Some(Waiter { monitor: env.monitor(callers(), &pid)?, start, job })) {
+    static TICKETS: AtomicU64 = AtomicU64::new(0);
+    let (pid, ticket) = (env.pid(), TICKETS.fetch_add(1, Ordering::Relaxed));
+    let watch = || env.monitor(callers(), &pid).is_some();
+    if QUEUE.take(pid, Waiter { ticket, start, job }, watch) {
         return Ok(atoms::ok().encode(env));
     }
     let checkout = global::current().map_or(Duration::ZERO, |pool| pool.settings().checkout());
@@ -122,16 +122,14 @@ fn take<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> Nif
     Ok((atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env))
 }
 
-/// At the deadline: out of the line (or the slot handed just now goes back,
-/// its go in the mailbox or never sent), and the exception to raise:
-/// `:pool_timeout`, or `:not_started` with no pool. `:taken` when the call
-/// was taken from the line: its reply comes.
+/// At the deadline: out of the line, or the slot handed just now goes back
+/// (its go in the mailbox or never sent), and the exception to raise
+/// (`:pool_timeout`, `:not_started`); or `:taken`: the call's reply comes.
 #[rustler::nif]
 fn leave(env: Env<'_>) -> Term<'_> {
-    let Some(waiter) = QUEUE.leave(&env.pid(), go(env)) else {
+    if QUEUE.leave(&env.pid(), go(env)).is_none() {
         return atoms::taken().encode(env);
-    };
-    env.demonitor(callers(), &waiter.monitor);
+    }
     match global::current() {
         Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout())),
         Err(err) => exception(err),
@@ -144,7 +142,6 @@ fn leave(env: Env<'_>) -> Term<'_> {
 #[rustler::nif(schedule = "DirtyIo")]
 fn run(env: Env<'_>) -> NifResult<Term<'_>> {
     let waiter = QUEUE.start(&env.pid()).ok_or(rustler::Error::BadArg)?;
-    env.demonitor(callers(), &waiter.monitor);
     let mut slot = Slot { env, own: None };
     let pool = global::current().map_err(raise)?;
     let own = deadline(waiter.start, pool.settings());
@@ -154,11 +151,10 @@ fn run(env: Env<'_>) -> NifResult<Term<'_>> {
 }
 
 /// A started slot, finished when dropped. Once its own call has succeeded
-/// (`own`, its deadline), it runs up to `RUN_NEXT` calls from the line, each
-/// by its own deadline and this one's, whichever comes first (so this
-/// call's answer is not later than its own deadline), until this one's
-/// passes or one of them fails; then the slot goes to the first in line. A
-/// call that failed, or whose caller is dead, runs none.
+/// (`own`: its deadline), it runs up to `RUN_NEXT` calls from the line, each
+/// by the earlier of its own deadline and `own` (no answer comes later),
+/// until one fails or `own` passes. A failed call, or a dead caller's, runs
+/// none.
 struct Slot<'a> {
     env: Env<'a>,
     own: Option<Deadline>,
@@ -171,7 +167,6 @@ impl Drop for Slot<'_> {
         while let Some(own) = self.own.filter(|own| runs > 0 && !own.passed()) {
             runs -= 1;
             let Some((pid, waiter)) = QUEUE.finish(true, go(env)) else { return };
-            env.demonitor(callers(), &waiter.monitor);
             let answer = global::current().and_then(|pool| {
                 pool.run(deadline(waiter.start, pool.settings()).earlier(own), &waiter.job)
             });
