@@ -17,16 +17,14 @@
 //!    own slot and thread, its reply the answer ([`RUN_NEXT`] calls at
 //!    most); then the slot goes to the first in line, whose reply is **go**:
 //!    it runs its own call. So most waiters are woken once, by their answer.
-//! 3. At its deadline, a caller still waiting leaves ([`Queue::leave`]): out
-//!    of the line, or giving back the slot handed to it (its go is then in
-//!    its mailbox, or never comes). A caller in neither had its call taken:
-//!    its answer comes, by that call's deadline.
+//! 3. At its deadline, a caller still waiting leaves ([`Queue::leave`]) the
+//!    line, or gives back the slot handed to it (its go is in its mailbox or
+//!    never comes); else its call was taken: its answer comes, by its deadline.
 //!
-//! A caller that dies leaves the queue at once: no slot outlives its
-//! caller, nobody waits behind a dead one. A started call runs to its end
-//! even when its caller is killed. Slots are handed, and calls taken, with
-//! the queue locked. Closing hands the line slots (their calls find no
-//! pool). The queue keeps no clock: each caller leaves at its deadline.
+//! A caller that dies leaves at once: no slot outlives it, nobody waits behind
+//! it. A started call runs to its end even when its caller is killed. Slots
+//! are handed, and calls taken, with the queue locked. Closing hands the line
+//! slots (their calls find no pool). The queue keeps no clock.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -35,8 +33,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// caller's answer wait one more statement, and saves a dirty-I/O call.
 pub const RUN_NEXT: usize = 8;
 
-/// What the queue holds: its slots, calls running, slots held unstarted,
-/// callers in line.
+/// What the queue holds: slots, calls running, slots held unstarted, callers in line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub struct Counts {
@@ -47,9 +44,7 @@ pub struct Counts {
 }
 
 /// The slots and the line of one VM, for callers `K` making calls `W`.
-pub struct Queue<K, W> {
-    state: Mutex<State<K, W>>,
-}
+pub struct Queue<K, W>(Mutex<State<K, W>>);
 
 struct State<K, W> {
     limit: usize,
@@ -70,11 +65,11 @@ impl<K: Ord + Copy, W> Queue<K, W> {
             line: VecDeque::new(),
             watched: BTreeSet::new(),
         };
-        Queue { state: Mutex::new(state) }
+        Queue(Mutex::new(state))
     }
 
     fn lock(&self) -> MutexGuard<'_, State<K, W>> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sets the number of slots (a new pool's size) and hands the new ones.
@@ -124,9 +119,8 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         Some(state.held.swap_remove(i).1)
     }
 
-    /// A started call has ended. With `take`, the first call in line, if
-    /// any, is taken to run on its slot, unless more slots are in use than
-    /// a smaller pool installed meanwhile has; else the slot goes on.
+    /// A started call has ended. With `take`, the first call in line is taken
+    /// to run on its slot (unless a smaller pool came meanwhile); else it goes on.
     pub fn finish(&self, take: bool, go: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
         if take && state.used() <= state.limit {
@@ -161,9 +155,8 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         self.leave(key, go);
     }
 
-    /// Runs `f` with the queue locked if `key` still holds, unstarted, the
-    /// slot it was handed for a call that `was` recognises: for a go sent
-    /// late, which must come for that slot only.
+    /// Runs `f` with the queue locked if `key` still holds, unstarted, the slot
+    /// handed for a call that `was` knows: a go sent late is for that slot only.
     pub fn if_held(&self, key: &K, was: impl Fn(&W) -> bool, f: impl FnOnce()) {
         let state = self.lock();
         if state.held.iter().any(|(k, w)| k == key && was(w)) {

@@ -65,13 +65,12 @@ fn send(env: Env<'_>, pid: LocalPid, reply: Reply, ticket: Option<u64>) {
     });
 }
 
-/// Sends a caller handed a slot its go.
+/// Sends a caller handed a slot its go (`admin.rs` too: a new pool, a stop).
 pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
     move |pid, waiter| send(env, *pid, Reply::Go, Some(waiter.ticket))
 }
 
-/// The resource whose monitors take a dead caller out of the queue. Each
-/// caller has one, from its first call until it dies: a call makes none.
+/// The resource whose monitors (one a caller, for its life) take the dead out.
 struct Callers;
 
 #[rustler::resource_impl]
@@ -152,9 +151,8 @@ fn run(env: Env<'_>) -> NifResult<Term<'_>> {
 
 /// A started slot, finished when dropped. Once its own call has succeeded
 /// (`own`: its deadline), it runs up to `RUN_NEXT` calls from the line, each
-/// by the earlier of its own deadline and `own` (no answer comes later),
-/// until one fails or `own` passes. A failed call, or a dead caller's, runs
-/// none.
+/// by the earlier of its own deadline and `own`, until one fails or `own`
+/// passes. A failed call, or a dead caller's, runs none.
 struct Slot<'a> {
     env: Env<'a>,
     own: Option<Deadline>,
@@ -170,11 +168,8 @@ impl Drop for Slot<'_> {
             let answer = global::current().and_then(|pool| {
                 pool.run(deadline(waiter.start, pool.settings()).earlier(own), &waiter.job)
             });
-            let reply = answer.map_or_else(|err| Reply::Raise(exception(err)), Reply::Answer);
-            if matches!(reply, Reply::Raise(_)) {
-                runs = 0;
-            }
-            send(env, pid, reply, None);
+            runs = if answer.is_ok() { runs } else { 0 };
+            send(env, pid, answer.map_or_else(|e| Reply::Raise(exception(e)), Reply::Answer), None);
         }
         QUEUE.finish(false, go(env));
     }
