@@ -15,7 +15,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
   #     also with a pool_size of 10 or 1000 (cut to 8: Config);
   #   * Application.stop/1 returns at once;
   #   * once the database thaws, the next call succeeds.
-  use ExUnit.Case, async: true
+  #
+  # Not async: the probe and the file I/O time this VM's schedulers, which
+  # other test modules' CPU-bound work would slow (a CI run saw the probe
+  # take 586 samples instead of over 1,000 while async modules ran beside it).
+  use ExUnit.Case, async: false
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Config, Error, TestDB}
