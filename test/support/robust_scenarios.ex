@@ -452,32 +452,30 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     end
   end
 
-  # From now on, records whether caller `i` calls `Native.leave/0` (its
-  # checkout deadline passed); `until_left/0` waits (10 s at most) until it has.
-  def watch_leave(i) do
-    watcher = spawn(fn -> leave_watch(false) end)
-    Process.register(watcher, Module.concat(__MODULE__, LeaveWatch))
-    :erlang.trace_pattern({Locks.Native, :leave, 0}, true, [:global])
+  # From now on, records whether caller `i` calls `Native.function/0` (`:leave`:
+  # its checkout deadline passed; `:run`: it ran its own call);
+  # `until_called/0` waits (10 s at most) until it has, `called?/0` tells.
+  def watch_call(i, function) do
+    watcher = spawn(fn -> call_watch(false) end)
+    Process.register(watcher, Module.concat(__MODULE__, CallWatch))
+    :erlang.trace_pattern({Locks.Native, function, 0}, true, [:global])
     1 = :erlang.trace(Process.whereis(name(i)), true, [:call, {:tracer, watcher}])
     :ok
   end
 
-  defp leave_watch(left) do
+  defp call_watch(called) do
     receive do
-      {:trace, _, :call, {Locks.Native, :leave, []}} -> leave_watch(true)
-      {:left?, from} -> send(from, {:left?, left}) && leave_watch(left)
+      {:trace, _, :call, {Locks.Native, _, []}} -> call_watch(true)
+      {:called?, from} -> send(from, {:called?, called}) && call_watch(called)
     end
   end
 
-  def until_left do
-    Faults.until(
-      fn ->
-        send(Module.concat(__MODULE__, LeaveWatch), {:left?, self()})
-        receive do: ({:left?, left} -> left)
-      end,
-      10_000
-    )
+  def called? do
+    send(Module.concat(__MODULE__, CallWatch), {:called?, self()})
+    receive do: ({:called?, called} -> called)
   end
+
+  def until_called, do: Faults.until(&called?/0, 10_000)
 
   defp name(i), do: Module.concat(__MODULE__, "Caller#{i}")
 

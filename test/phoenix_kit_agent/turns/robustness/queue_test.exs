@@ -249,11 +249,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
     second = hold_row!(y)
     blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
-    :ok = Node.call(node, Queue, :watch_leave, [1])
+    :ok = Node.call(node, Queue, :watch_call, [1, :leave])
 
     # a's call ends and runs b's, which waits for y's row past b's checkout deadline.
     TestDB.query!("COMMIT", blocker)
-    assert Node.call(node, Queue, :until_left, []) == :ok
+    assert Node.call(node, Queue, :until_called, []) == :ok
     TestDB.query!("COMMIT", second)
 
     assert [{{:ok, :ok}, _, []}, {{:ok, :ok}, _, []}] = answers(node, 2)
@@ -261,12 +261,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [y, ub, "b"]) == true
   end
 
-  test "a call that fails runs nothing from the line: the next caller runs its own call, " <>
-         "after the failed one has returned",
+  test "a call that fails runs nothing from the line: the next caller runs its own call",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
     blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
+    :ok = Node.call(node, Queue, :watch_call, [1, :run])
 
     # a's backend, waiting for x's row, is terminated: a fails (:disconnected).
     [[backend]] =
@@ -277,15 +277,16 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
-    assert [{{:raised, %Error{reason: :disconnected}}, a_ended, []}, {{:ok, :ok}, b_ended, []}] =
+    assert [{{:raised, %Error{reason: :disconnected}}, _, []}, {{:ok, :ok}, _, []}] =
              answers(node, 2)
 
-    assert a_ended < b_ended, "b's call was run by a's failed one"
+    # b ran its own call (Native.run/0): a's failed one ran nothing for it.
+    assert Node.call(node, Queue, :called?, []), "b's call was run by a's failed one"
     TestDB.close(blocker)
   end
 
   test "a call run from the line that fails stops the taking: the next caller runs its own " <>
-         "call, after the call that ran the failed one has returned",
+         "call",
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
@@ -294,6 +295,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}, {:held?, [x, ua, "a"]}]
     blocker = line!(node, calls)
+    :ok = Node.call(node, Queue, :watch_call, [2, :run])
     TestDB.query!("COMMIT", blocker)
 
     # a's call ends and runs b's, which waits for y's row; its backend is terminated.
@@ -301,12 +303,13 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
     assert [
-             {{:ok, :ok}, a_ended, []},
+             {{:ok, :ok}, _, []},
              {{:raised, %Error{reason: :disconnected}}, _, []},
-             {{:ok, true}, c_ended, []}
+             {{:ok, true}, _, []}
            ] = answers(node, 3)
 
-    assert a_ended < c_ended, "a's call ran c's after b's had failed"
+    # c ran its own call (Native.run/0): a's ran nothing after b's failed.
+    assert Node.call(node, Queue, :called?, []), "a's call ran c's after b's had failed"
     TestDB.close(second)
   end
 
