@@ -1,13 +1,13 @@
 //! The queue: the whole protocol by which a lock call runs.
 //!
-//! A **call** blocks a dirty-I/O scheduler while its statement runs. With a
-//! database that hangs, calls let in freely would hold every such scheduler,
-//! and the VM's file I/O with them. So a call runs only with a **slot**, and
-//! there are `limit` slots, one per pooled connection. A **caller** (a
-//! process) without one waits in the **line** with its call, on a normal
-//! scheduler, until it is sent its **reply** or its **deadline** (its stamp
-//! plus the checkout timeout) passes. A caller is **watched** (the NIF's
-//! monitor of the process) from its first call until it dies.
+//! A **call** blocks a dirty-I/O scheduler while its statement runs: let in
+//! freely, calls to a hung database would hold them all, and the VM's file
+//! I/O with them. So a call runs only with one of `limit` **slots**, one per
+//! pooled connection. A **caller** (a process) without one waits in the
+//! **line** with its call, on a normal scheduler, until it is sent its
+//! **reply** or its **deadline** (its stamp plus the checkout timeout)
+//! passes. A caller is **watched** (the NIF's monitor of the process) from
+//! its first call until it dies.
 //!
 //! 1. [`Queue::take`], on a normal scheduler: a slot while one is free and
 //!    nobody waits (the caller runs its call at once, on a dirty-I/O
@@ -56,7 +56,7 @@ struct State<K, W> {
 
 #[allow(clippy::new_without_default)] // `new` is const, for a static
 impl<K: Ord + Copy, W> Queue<K, W> {
-    /// A queue with no slots: every caller waits until [`Queue::resize`].
+    /// A queue with no slots, until [`Queue::resize`].
     pub const fn new() -> Self {
         let state = State {
             limit: 0,
@@ -90,15 +90,20 @@ impl<K: Ord + Copy, W> Queue<K, W> {
     }
 
     /// `true`: `key` holds a slot for `call` (taken now while one is free and
-    /// nobody waits, or before); `false`: it waits in line with it (or did
-    /// before). A caller not yet watched is watched first: if `watch` fails
-    /// (the caller is dead), it is in neither.
+    /// nobody waits, or before); `false`: it waits in line with `call` (where
+    /// it was, if it was). Not yet watched, it is first: if `watch` fails (it
+    /// is dead), it is in neither.
     pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool) -> bool {
         let mut state = self.lock();
-        if state.held.iter().any(|(k, _)| *k == key) {
+        if let Some((_, held)) = state.held.iter_mut().find(|(k, _)| *k == key) {
+            *held = call;
             return true;
         }
-        if state.line.iter().any(|(k, _)| *k == key) || !state.watched.contains(&key) && !watch() {
+        if let Some((_, waiting)) = state.line.iter_mut().find(|(k, _)| *k == key) {
+            *waiting = call;
+            return false;
+        }
+        if !state.watched.contains(&key) && !watch() {
             return false;
         }
         state.watched.insert(key);
@@ -149,7 +154,7 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         left.map(|(_, call)| call)
     }
 
-    /// `key` died: it leaves, and is watched no more.
+    /// `key` died: it leaves, watched no more.
     pub fn gone(&self, key: &K, go: impl FnMut(&K, &W)) {
         self.lock().watched.remove(key);
         self.leave(key, go);

@@ -49,13 +49,16 @@ fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
     let queue = queue(2);
     run(&queue, "a");
     assert!(queue.take("b", "b", || true));
-    // A caller keeps the slot it holds, and its one place in line.
-    assert!(queue.take("b", "b", || true));
+    // A caller keeps the slot it holds, and its one place in line; its
+    // latest call is the one it holds them for.
+    assert!(queue.take("b", "b-2", || true));
     wait(&queue, "c");
-    wait(&queue, "c");
+    assert!(!queue.take("c", "c-2", || true));
     assert_eq!(queue.counts(), counts(2, 1, 1, 1));
     // A caller that holds no slot starts none.
     assert_eq!(queue.start(&"c"), None);
+    assert_eq!(queue.start(&"b"), Some("b-2"));
+    assert_eq!(queue.leave(&"c", |_, _| {}), Some("c-2"));
 }
 
 #[test]

@@ -1,8 +1,5 @@
-//! How one lock call runs, by the protocol of `locks_core::queue` (whose
-//! module doc states it): `take/3` on a normal scheduler decodes the call
-//! and answers `:ok` (a slot: `run/0` next, on a dirty-I/O scheduler) or
-//! `{:wait, ms}` (in line, `ms` to the deadline). A caller in line gets one
-//! message, its [`Reply`], or calls `leave/0` at its deadline.
+//! How one lock call runs: the NIFs `take/3`, `run/0` and `leave/0` of the
+//! protocol that `locks_core::queue` states, and a waiter's [`Reply`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
@@ -46,10 +43,9 @@ impl Reply {
     }
 }
 
-/// Sends `pid` its reply; from a dead process (killed while its call ran),
-/// which the VM sends nothing for, by a thread of its own: a go only while
-/// that slot (`ticket`) is still held unstarted. (Should the OS refuse the
-/// thread, the caller leaves at its deadline and the slot goes on.)
+/// Sends `pid` its reply; from a dead process (killed while its call ran), which the VM
+/// sends nothing for, by a thread of its own: a go only while that slot (`ticket`) is held
+/// unstarted (if the OS gives no thread, a caller sent go leaves at its deadline).
 fn send(env: Env<'_>, pid: LocalPid, reply: Reply, ticket: Option<u64>) {
     if env.send(&pid, reply.encode(env)).is_ok() {
         return;
