@@ -383,6 +383,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   #
   # Each `op` returns how many calls it made, for the CPU time per call.
 
+  # Takes the locks of callers 0..n-1 of namespace `ns`, for workloads that read them.
+  defp hold_all(ns, n) do
+    for k <- 0..(n - 1), do: :ok = Locks.acquire(chat(ns, k), user(ns, k), ref(ns, k), @ttl)
+  end
+
   defp cases(ctx) do
     cycle =
       if "cycle" in ctx.workloads do
@@ -475,11 +480,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
             statements: 2,
             floor: "reads",
             # Each caller's locks are held, so both answers are true.
-            before: fn ->
-              for k <- 0..(n - 1),
-                  do:
-                    :ok = Locks.acquire(chat("reads", k), user("reads", k), ref("reads", k), @ttl)
-            end,
+            before: fn -> hold_all("reads", n) end,
             op: fn k ->
               {c, u, r} = {chat("reads", k), user("reads", k), ref("reads", k)}
 
@@ -516,10 +517,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
             statements: 1,
             floor: "held",
             # Each caller's locks are held, so every answer is true.
-            before: fn ->
-              for k <- 0..(n - 1),
-                  do: :ok = Locks.acquire(chat("held", k), user("held", k), ref("held", k), @ttl)
-            end,
+            before: fn -> hold_all("held", n) end,
             op: fn k ->
               {c, u, r} = {chat("held", k), user("held", k), ref("held", k)}
 
