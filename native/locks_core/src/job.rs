@@ -7,7 +7,7 @@
 use tokio_postgres::types::ToSql;
 
 use crate::outcome::{Busy, HeldLock};
-use crate::row::{only, Row};
+use crate::row::{only, Row, Value};
 use crate::sql::{self, Def};
 use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
 
@@ -113,7 +113,7 @@ impl Job {
 
     /// The answer in the rows this job's statement returned, from a pooled
     /// connection or from the host's repo (`row.rs`): the one reading of both.
-    pub(crate) fn answer<R: Row>(&self, rows: &[R]) -> Result<Answer> {
+    pub(crate) fn answer(&self, rows: &[Vec<Value>]) -> Result<Answer> {
         Ok(match self {
             Job::Acquire(_, _, turn, ..) => {
                 let row = only(rows)?;

@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use once_cell::sync::OnceCell;
 use tokio::runtime::Runtime;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::Row as PgRow;
 
 use crate::connect::{Conn, Connector};
 use crate::error::{Error, Result};
 use crate::job::{Answer, Job};
+use crate::row::{values, Value};
 use crate::schema::{self, Catalog, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Statement, Statements};
@@ -303,7 +303,7 @@ async fn run(
     prepare: Prepare,
     statement: &Statement,
     params: &[&(dyn ToSql + Sync)],
-) -> Result<Vec<PgRow>> {
+) -> Result<Vec<Vec<Value>>> {
     conn.sent = Instant::now();
     let (name, types) = (statement.def.name, statement.def.params);
     let rows = async {
@@ -327,5 +327,5 @@ async fn run(
     if !matches!(rows, Err(Error::Disconnected(_))) {
         conn.answered = Instant::now();
     }
-    rows
+    rows?.iter().map(values).collect()
 }

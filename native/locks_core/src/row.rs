@@ -1,10 +1,12 @@
 //! The rows a statement answered, as [`Job::answer`](crate::Job) and the
-//! tables' check read them: one trait, [`Row`], over tokio-postgres' rows (a
-//! pooled connection) and over [`Value`]s (the rows of the host's repo, in
-//! `testing: :sandbox`, decoded from Elixir terms by the NIF). So one piece of
-//! code turns either into the same answers, and a repo's answer is checked as
-//! strictly as a connection's: a column of another type is an error, never a
-//! guess.
+//! tables' check read them: rows of [`Value`]s, whether from a pooled
+//! connection (tokio-postgres' rows, read by [`values`]) or from the host's
+//! repo (in `testing: :sandbox`, decoded from Elixir terms by the NIF). So one
+//! piece of code turns either into the same answers, and a repo's answer is
+//! checked as strictly as a connection's: a column of another type is an
+//! error, never a guess.
+
+use tokio_postgres::types::Type;
 
 use crate::error::{Error, Result};
 
@@ -25,36 +27,12 @@ pub trait Row {
     }
 }
 
-impl Row for tokio_postgres::Row {
-    fn bool(&self, i: usize) -> Result<bool> {
-        get(self, i)
-    }
-
-    fn text(&self, i: usize) -> Result<Option<&str>> {
-        get(self, i)
-    }
-
-    fn int(&self, i: usize) -> Result<Option<i64>> {
-        get(self, i)
-    }
-
-    fn float(&self, i: usize) -> Result<Option<f64>> {
-        get(self, i)
-    }
-}
-
-fn get<'a, T: tokio_postgres::types::FromSql<'a>>(
-    row: &'a tokio_postgres::Row,
-    i: usize,
-) -> Result<T> {
-    row.try_get(i).map_err(Error::unexpected)
-}
-
-/// One column of a row the host's repo returned, as Postgrex decodes it:
-/// `nil`, a boolean, an integer, a float, a string; anything else is
-/// `Other`, named, which no column of a lock statement can be.
+/// One column of a row: of a pooled connection's, by its type; of the host's
+/// repo's, as Postgrex decodes it (`nil`, a boolean, an integer, a float, a
+/// string). Anything else is `Other`, named, which no column a lock statement
+/// reads can be.
 #[derive(Clone, Debug, PartialEq)]
-#[allow(missing_docs)] // the variants: the Elixir terms they come from
+#[allow(missing_docs)] // the variants: the types and terms they come from
 pub enum Value {
     Null,
     Bool(bool),
@@ -62,6 +40,21 @@ pub enum Value {
     Float(f64),
     Text(String),
     Other(String),
+}
+
+/// A pooled connection's row, each column read by its type.
+pub(crate) fn values(row: &tokio_postgres::Row) -> Result<Vec<Value>> {
+    let read = |i, column: &tokio_postgres::Column| match *column.type_() {
+        Type::BOOL => row.try_get(i).map(|v: Option<_>| v.map(Value::Bool)),
+        Type::INT8 => row.try_get(i).map(|v: Option<_>| v.map(Value::Int)),
+        Type::FLOAT8 => row.try_get(i).map(|v: Option<_>| v.map(Value::Float)),
+        Type::TEXT | Type::VARCHAR => row.try_get(i).map(|v: Option<_>| v.map(Value::Text)),
+        ref other => Ok(Some(Value::Other(other.to_string()))),
+    };
+    let columns = row.columns().iter().enumerate();
+    columns
+        .map(|(i, c)| Ok(read(i, c).map_err(Error::unexpected)?.unwrap_or(Value::Null)))
+        .collect()
 }
 
 impl Row for Vec<Value> {

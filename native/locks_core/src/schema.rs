@@ -19,7 +19,7 @@
 //! `uuid`, a lock column of the wrong type, too short or `NOT NULL`.
 
 use crate::error::{Error, Result};
-use crate::row::Row;
+use crate::row::{Row, Value};
 
 /// The chat table's name.
 pub const CHATS: &str = "phoenix_kit_agent_conversations";
@@ -131,7 +131,7 @@ pub(crate) struct Column {
 impl Catalog {
     /// The rows of the `COLUMNS` statement: one per column of a table that
     /// exists, one with `found` false (and NULLs) for a table that does not.
-    pub fn from_rows<R: Row>(rows: &[R]) -> Result<Self> {
+    pub fn from_rows(rows: &[Vec<Value>]) -> Result<Self> {
         let mut catalog = Catalog { chats_found: false, users_found: false, columns: Vec::new() };
         for row in rows {
             let (chats, found) = (row.bool(0)?, row.bool(1)?);
