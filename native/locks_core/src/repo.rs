@@ -8,16 +8,15 @@
 //! What is sent is what the pool sends: the statement texts of `sql.rs`,
 //! filled for the host's tables by [`Statements`], which are built from the
 //! tables' columns read through the repo too (the first call sends
-//! [`sql::COLUMNS`] before its own statement); the parameters are the job's
-//! own ([`Job::params`]), in their order. The answer is read by
-//! [`Job::answer`], the pool's own reading, from [`Value`] rows.
+//! [`sql::COLUMNS`] before its own statement). Its parameters are the call's
+//! own arguments, as the NIF decoded the [`Job`] from them: the job's fields
+//! in their order, which is its statement's (see [`Job`]). The answer is read
+//! by [`Job::answer`], the pool's own reading, from [`Value`] rows.
 
-use bytes::BytesMut;
 use once_cell::sync::OnceCell;
 use std::sync::Arc;
-use tokio_postgres::types::{IsNull, ToSql, Type};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::job::{Answer, Job};
 use crate::row::Value;
 use crate::schema::{self, Catalog, Tables};
@@ -30,33 +29,16 @@ pub struct Repo {
     statements: OnceCell<Arc<Statements>>,
 }
 
-/// A statement to run through the repo: its text and its parameters.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Query {
-    /// The statement's text, `$1`… for its parameters.
-    pub text: String,
-    /// The parameters, in the order of their `$n`.
-    pub params: Vec<Param>,
-}
-
-/// A parameter, as Postgrex takes it for its column type.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Param {
-    /// `uuid`: its 16 bytes (Postgrex takes no other form).
-    Uuid([u8; 16]),
-    /// `text`.
-    Text(String),
-    /// `int4`.
-    Int(i32),
-}
-
-/// What the repo must run next for a call.
+/// What the repo must run next for a call: a statement's text, `$1`… for
+/// its parameters.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {
-    /// The tables' columns ([`Repo::columns`] takes its rows); then the call again.
-    Columns(Query),
-    /// The call's own statement ([`Repo::answer`] reads its rows).
-    Run(Query),
+    /// The tables' columns, with the two tables' names as the parameters
+    /// ([`Repo::columns`] takes its rows); then the call again.
+    Columns(String, [String; 2]),
+    /// The call's own statement, with the call's arguments as the parameters
+    /// ([`Repo::answer`] reads its rows).
+    Run(String),
 }
 
 impl Repo {
@@ -76,21 +58,9 @@ impl Repo {
     pub fn step(&self, job: &Job) -> Result<Step> {
         let Some(statements) = self.statements.get() else {
             let (chats, users) = schema::table_names(self.prefix.as_deref());
-            let text = sql::COLUMNS.text.to_owned();
-            return Ok(Step::Columns(Query {
-                text,
-                params: vec![Param::Text(chats), Param::Text(users)],
-            }));
+            return Ok(Step::Columns(sql::COLUMNS.text.to_owned(), [chats, users]));
         };
-        let def = job.statement();
-        let statement = statements.get(def)?;
-        let params = job
-            .params()
-            .into_iter()
-            .zip(statement.def.params)
-            .map(|(value, ty)| param(value, ty))
-            .collect::<Result<_>>()?;
-        Ok(Step::Run(Query { text: statement.text.clone(), params }))
+        Ok(Step::Run(statements.get(job.statement())?.text.clone()))
     }
 
     /// Builds the statements from the rows of [`Step::Columns`]' query; a
@@ -107,59 +77,25 @@ impl Repo {
     }
 }
 
-/// A parameter as the pool sends it (its binary encoding for `ty`), read
-/// back: the same value, whichever way the statement goes.
-fn param(value: &(dyn ToSql + Sync), ty: &Type) -> Result<Param> {
-    let mut bytes = BytesMut::new();
-    let encoded =
-        value.to_sql_checked(ty, &mut bytes).map_err(|e| Error::unexpected(e.to_string()))?;
-    let odd = || Error::unexpected(format!("a parameter of type {ty} the repo cannot be given"));
-    if matches!(encoded, IsNull::Yes) {
-        return Err(odd());
-    }
-    if *ty == Type::UUID {
-        <[u8; 16]>::try_from(&bytes[..]).map(Param::Uuid).map_err(|_| odd())
-    } else if *ty == Type::TEXT {
-        String::from_utf8(bytes.to_vec()).map(Param::Text).map_err(|_| odd())
-    } else if *ty == Type::INT4 {
-        <[u8; 4]>::try_from(&bytes[..])
-            .map(|b| Param::Int(i32::from_be_bytes(b)))
-            .map_err(|_| odd())
-    } else {
-        Err(odd())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::Busy;
 
     #[test]
-    fn the_repo_runs_the_pools_statement_text_with_the_jobs_parameters() {
+    fn the_repo_runs_the_pools_statement_text_and_reads_its_rows_as_the_pool_does() {
         let repo = Repo::new(Some("phoenix_kit".into()));
         let [job, _, _, _, _, keep_user, ..] = sql::tests::every_job();
-        let columns = repo.step(&job).ok();
-        let names = vec![
-            Param::Text("\"phoenix_kit\".phoenix_kit_agent_conversations".into()),
-            Param::Text("\"phoenix_kit\".phoenix_kit_agent_user_settings".into()),
+        let names = [
+            "\"phoenix_kit\".phoenix_kit_agent_conversations".into(),
+            "\"phoenix_kit\".phoenix_kit_agent_user_settings".into(),
         ];
-        assert_eq!(
-            columns,
-            Some(Step::Columns(Query { text: sql::COLUMNS.text.into(), params: names }))
-        );
+        assert_eq!(repo.step(&job).ok(), Some(Step::Columns(sql::COLUMNS.text.into(), names)));
 
         assert!(repo.columns(&schema::tests::shipped_rows()).is_ok());
         let tables = Tables::from_catalog(Some("phoenix_kit"), &schema::tests::shipped()).ok();
         let text = tables.map(|tables| sql::ACQUIRE.fill(&tables).text);
-        let params = vec![
-            Param::Uuid([1; 16]),
-            Param::Uuid([2; 16]),
-            Param::Text("turn".into()),
-            Param::Int(60),
-            Param::Int(10),
-        ];
-        assert_eq!(repo.step(&job).ok(), text.map(|text| Step::Run(Query { text, params })));
+        assert_eq!(repo.step(&job).ok(), text.map(Step::Run));
 
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];
         assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Busy(Busy::ClickInFlight)));

@@ -13,6 +13,16 @@ use crate::atoms;
 /// function or arity, an improper list, an argument that breaks its rule) is
 /// a bad argument, and nothing is sent for it.
 pub fn job<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Job> {
+    Ok(job_and_params(env, function, args)?.0)
+}
+
+/// The job, and its statement's parameters: the terms it was decoded from,
+/// in its fields' order (`testing: :sandbox` sends them through the repo).
+pub fn job_and_params<'a>(
+    env: Env<'a>,
+    function: Term<'a>,
+    args: Term<'a>,
+) -> NifResult<(Job, Vec<Term<'a>>)> {
     let name = function.atom_to_string()?;
     if !Job::functions().any(|known| known == name) {
         return Err(Error::BadArg);
@@ -26,7 +36,8 @@ pub fn job<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Jo
     if name == "acquire" && terms.len() == 5 {
         terms.push(terms[4]);
     }
-    Job::decode(make_tuple(env, &terms)).ok().and_then(Job::checked).ok_or(Error::BadArg)
+    let job = Job::decode(make_tuple(env, &terms)).ok().and_then(Job::checked);
+    Ok((job.ok_or(Error::BadArg)?, terms.split_off(1)))
 }
 
 pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {

@@ -5,15 +5,14 @@
 
 use std::sync::{Arc, PoisonError, RwLock};
 
-use locks_core::repo::{Param, Query, Repo, Step};
+use locks_core::repo::{Repo, Step};
 use locks_core::{Error, Value};
 use rustler::types::atom;
-use rustler::types::binary::NewBinary;
 use rustler::{Atom, Encoder, Env, NifResult, Term, TermType};
 
 use crate::atoms;
 use crate::error::raise;
-use crate::locks::{encode, job};
+use crate::locks::{encode, job, job_and_params};
 
 /// The installed repo mode, replaced by each `repo_start/1`.
 static REPO: RwLock<Option<Arc<Repo>>> = RwLock::new(None);
@@ -42,13 +41,11 @@ fn repo_fence_sql() -> NifResult<String> {
 /// again) or `{:run, sql, params}` (run it, give its rows to `repo_answer/3`).
 #[rustler::nif]
 fn repo_step<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    let step = current()?.step(&job(env, function, args)?).map_err(raise)?;
-    let (tag, Query { text, params }) = match step {
-        Step::Columns(query) => (atoms::columns(), query),
-        Step::Run(query) => (atoms::run(), query),
-    };
-    let params: Vec<Term<'a>> = params.iter().map(|param| encode_param(env, param)).collect();
-    Ok((tag, text, params).encode(env))
+    let (job, params) = job_and_params(env, function, args)?;
+    Ok(match current()?.step(&job).map_err(raise)? {
+        Step::Columns(text, tables) => (atoms::columns(), text, &tables[..]).encode(env),
+        Step::Run(text) => (atoms::run(), text, params).encode(env),
+    })
 }
 
 #[rustler::nif]
@@ -68,14 +65,6 @@ fn repo_answer<'a>(
     let answer =
         current()?.answer(&job(env, function, arguments)?, &values(rows)).map_err(raise)?;
     Ok(encode(env, &answer))
-}
-
-fn encode_param<'a>(env: Env<'a>, param: &Param) -> Term<'a> {
-    match param {
-        Param::Uuid(bytes) => NewBinary::from_slice(env, bytes).into(),
-        Param::Text(text) => text.encode(env),
-        Param::Int(n) => n.encode(env),
-    }
 }
 
 fn values(rows: Vec<Vec<Term<'_>>>) -> Vec<Vec<Value>> {
