@@ -125,32 +125,26 @@ impl LockPool {
         let (def, params) = (job.statement(), job.params());
         let mut pooled = self.checkout(deadline)?;
         let Pooled { conn, runtime } = &mut pooled;
-        // The timer is made inside the runtime, which it needs.
-        let answer = runtime.block_on(async {
-            tokio::time::timeout_at(deadline.at.into(), async {
-                let statements = self.statements(conn).await?;
-                let statement = statements.get(def)?;
-                loop {
-                    match run(conn, self.settings.prepare, statement, &params).await {
-                        Err(err) if err.is_retryable() => continue,
-                        answer => return answer,
-                    }
+        let answer = runtime.block_on(deadline.bound(async {
+            let statements = self.statements(conn).await?;
+            let statement = statements.get(def)?;
+            loop {
+                match run(conn, self.settings.prepare, statement, &params).await {
+                    Err(err) if err.is_retryable() => continue,
+                    answer => return answer,
                 }
-            })
-            .await
-        });
+            }
+        }));
+        // A `Timeout` is the deadline's (the statement's own failures are
+        // `Statement` or `Disconnected`): the statement may still be running.
         match answer {
-            Ok(Err(err @ Error::Disconnected(_))) => {
-                self.discard(pooled, false);
+            Err(err @ (Error::Disconnected(_) | Error::Timeout(_))) => {
+                self.discard(pooled, matches!(err, Error::Timeout(_)));
                 Err(err)
             }
-            Ok(rows) => {
+            rows => {
                 self.checkin(pooled);
                 job.answer(&rows?)
-            }
-            Err(_elapsed) => {
-                self.discard(pooled, true);
-                Err(Error::Timeout(deadline.budget))
             }
         }
     }
