@@ -38,7 +38,7 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::either::Either;
 
 use crate::error::{describe, Error, Result};
-use crate::settings::{Location, Settings, SslMode};
+use crate::settings::{Settings, SslMode};
 use crate::tls;
 
 /// Idle time before the first keepalive probe.
@@ -63,7 +63,8 @@ type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
 /// Opens connections for one pool.
 #[derive(Clone)]
 pub(crate) struct Connector {
-    location: Location,
+    /// The host name or IP address; `None` for the Unix socket at `peer`.
+    host: Option<String>,
     port: u16,
     /// The login: user, password, database, application name, and whether
     /// to ask for TLS (never over a Unix socket, where the server refuses it).
@@ -71,7 +72,8 @@ pub(crate) struct Connector {
     tls: MakeRustlsConnect,
     timeout: Duration,
     backoff: Arc<Mutex<Backoff>>,
-    /// What connect errors name: `host:port`, or the socket's path.
+    /// What connect errors name: `host:port` (`[::1]:5432` for an IPv6
+    /// address), or the socket's path.
     peer: String,
 }
 
@@ -111,9 +113,15 @@ impl Conn {
 impl Connector {
     /// Checks what can be checked without connecting (the CA file is read).
     pub fn new(settings: &Settings) -> Result<Self> {
-        let (location, port) = (settings.location(), settings.port()?);
-        let unix = matches!(location, Location::SocketDir(_));
-        let mode = if unix { SslMode::Disable } else { settings.sslmode };
+        let port = settings.port()?;
+        // A socket directory wins over a host name, as in Postgrex.
+        let host = settings.hostname.as_deref().unwrap_or_default();
+        let (host, peer) = match &settings.socket_dir {
+            Some(dir) => (None, format!("{dir}/.s.PGSQL.{port}")),
+            None if host.contains(':') => (Some(host.to_owned()), format!("[{host}]:{port}")),
+            None => (Some(host.to_owned()), format!("{host}:{port}")),
+        };
+        let mode = if host.is_some() { settings.sslmode } else { SslMode::Disable };
         let mut login = tokio_postgres::Config::new();
         login
             .user(&settings.username)
@@ -124,13 +132,13 @@ impl Connector {
             login.password(password);
         }
         Ok(Connector {
-            peer: peer(&location, port),
-            location,
+            host,
             port,
             login,
             tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
             timeout: Duration::from_millis(settings.connect_timeout),
             backoff: Arc::default(),
+            peer,
         })
     }
 
@@ -184,11 +192,9 @@ impl Connector {
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
     async fn socket(&self) -> Result<(Socket, Tls)> {
-        let (socket, server) = match &self.location {
-            Location::SocketDir(_) => {
-                (UnixStream::connect(&self.peer).await.map(Either::Right), "localhost")
-            }
-            Location::Host(host) => (tcp(host, self.port).await, host.as_str()),
+        let (socket, server) = match &self.host {
+            None => (UnixStream::connect(&self.peer).await.map(Either::Right), "localhost"),
+            Some(host) => (tcp(host, self.port).await, host.as_str()),
         };
         let socket = socket.map_err(|e| Error::Connect(e.to_string()))?;
         let tls = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
@@ -217,15 +223,6 @@ impl Connector {
                 });
             },
         );
-    }
-}
-
-/// `host:port` (`[::1]:5432` for an IPv6 address), or the socket's path.
-fn peer(location: &Location, port: u16) -> String {
-    match location {
-        Location::SocketDir(dir) => format!("{dir}/.s.PGSQL.{port}"),
-        Location::Host(host) if host.contains(':') => format!("[{host}]:{port}"),
-        Location::Host(host) => format!("{host}:{port}"),
     }
 }
 

@@ -35,5 +35,5 @@ pub use job::{Answer, Job};
 pub use outcome::{Busy, HeldLock};
 pub use pool::{Deadline, LockPool};
 pub use row::Value;
-pub use settings::{Location, Prepare, Settings, SslMode};
+pub use settings::{Prepare, Settings, SslMode};
 pub use sql::fence;

@@ -53,24 +53,7 @@ pub struct Settings {
     pub prepare: Prepare,
 }
 
-/// Where the server is.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Location {
-    /// A host name or IP address, over TCP.
-    Host(String),
-    /// A directory holding the server's socket `.s.PGSQL.<port>`.
-    SocketDir(String),
-}
-
 impl Settings {
-    /// Where the server is: a socket directory wins over a host name.
-    pub fn location(&self) -> Location {
-        match (&self.socket_dir, &self.hostname) {
-            (Some(dir), _) => Location::SocketDir(dir.clone()),
-            (None, host) => Location::Host(host.clone().unwrap_or_default()),
-        }
-    }
-
     /// The port, or a `Config` error outside 1 to 65535.
     pub fn port(&self) -> Result<u16> {
         u16::try_from(self.port)
