@@ -79,14 +79,6 @@ impl Error {
         Error::config("tables", format!("unexpected answer ({reason}); restart the application"))
     }
 
-    /// The SQLSTATE the server gave, if it gave one.
-    pub fn sqlstate(&self) -> Option<&str> {
-        match self {
-            Error::Statement { sqlstate, .. } => Some(sqlstate),
-            _ => None,
-        }
-    }
-
     /// What a failure while a statement was in flight on a connection is:
     /// a refusal of the statement (the connection is fine), or the loss of
     /// the connection (a FATAL error from the server, an I/O error, a closed

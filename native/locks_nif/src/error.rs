@@ -20,14 +20,14 @@ pub fn raise(err: Error) -> rustler::Error {
 
 /// The exception of a core error, as a term to raise or to send.
 pub fn exception(err: Error) -> LocksError {
-    let reason = match &err {
-        Error::Config { .. } => atoms::config(),
-        Error::NotStarted => atoms::not_started(),
-        Error::Connect(_) => atoms::connect(),
-        Error::PoolTimeout(_) => atoms::pool_timeout(),
-        Error::Timeout(_) => atoms::timeout(),
-        Error::Disconnected(_) => atoms::disconnected(),
-        Error::Statement { .. } => atoms::statement(),
+    let (reason, sqlstate) = match &err {
+        Error::Config { .. } => (atoms::config(), None),
+        Error::NotStarted => (atoms::not_started(), None),
+        Error::Connect(_) => (atoms::connect(), None),
+        Error::PoolTimeout(_) => (atoms::pool_timeout(), None),
+        Error::Timeout(_) => (atoms::timeout(), None),
+        Error::Disconnected(_) => (atoms::disconnected(), None),
+        Error::Statement { sqlstate, .. } => (atoms::statement(), Some(sqlstate.clone())),
     };
-    LocksError { reason, message: err.to_string(), sqlstate: err.sqlstate().map(str::to_owned) }
+    LocksError { reason, message: err.to_string(), sqlstate }
 }
