@@ -148,36 +148,35 @@ impl Connector {
         if let Some(refusal) = self.backoff().refusal(Instant::now()) {
             return Err(refusal);
         }
-        let result = tokio::time::timeout(self.timeout, self.login()).await.unwrap_or_else(|_| {
-            Err(Error::Connect(format!("no connection within {} ms", self.timeout.as_millis())))
+        let opened = tokio::time::timeout(self.timeout, self.login()).await.unwrap_or_else(|_| {
+            Err(format!("no connection within {} ms", self.timeout.as_millis()))
         });
         // Every cause (the socket, TLS, the login, the timeout) names the peer.
-        let result = result.map_err(|err| match err {
-            Error::Connect(cause) => Error::Connect(format!("{}: {cause}", self.peer)),
-            other => other,
-        });
-        match &result {
-            Ok(_) => *self.backoff() = Backoff::default(),
-            Err(err) => self.backoff().failed(Instant::now(), err),
+        let opened = opened.map_err(|cause| format!("{}: {cause}", self.peer));
+        let mut backoff = self.backoff();
+        match &opened {
+            Ok(_) => *backoff = Backoff::default(),
+            Err(message) => backoff.failed(Instant::now(), message.clone()),
         }
-        result
+        opened.map_err(Error::Connect)
     }
 
     fn backoff(&self) -> MutexGuard<'_, Backoff> {
         self.backoff.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn login(&self) -> Result<Conn> {
+    /// A connection, or what failed.
+    async fn login(&self) -> Result<Conn, String> {
         let (socket, tls) = self.socket().await?;
         let probe = match &socket {
             Either::Left(tcp) => SockRef::from(tcp).try_clone(),
             Either::Right(unix) => SockRef::from(unix).try_clone(),
         }
-        .map_err(|e| Error::Connect(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
         // Non-blocking already (tokio's): set again, so that a peek never waits.
-        probe.set_nonblocking(true).map_err(|e| Error::Connect(e.to_string()))?;
-        let (client, connection) = (self.login.connect_raw(socket, tls).await)
-            .map_err(|e| Error::Connect(describe(&e)))?;
+        probe.set_nonblocking(true).map_err(|e| e.to_string())?;
+        let (client, connection) =
+            self.login.connect_raw(socket, tls).await.map_err(|e| describe(&e))?;
         let now = Instant::now();
         Ok(Conn {
             client,
@@ -191,14 +190,14 @@ impl Connector {
 
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
-    async fn socket(&self) -> Result<(Socket, Tls)> {
+    async fn socket(&self) -> Result<(Socket, Tls), String> {
         let (socket, server) = match &self.host {
             None => (UnixStream::connect(&self.peer).await.map(Either::Right), "localhost"),
             Some(host) => (tcp(host, self.port).await, host.as_str()),
         };
-        let socket = socket.map_err(|e| Error::Connect(e.to_string()))?;
-        let tls = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
-        Ok((socket, tls.map_err(|never| match never {})?))
+        let socket = socket.map_err(|e| e.to_string())?;
+        let Ok(tls) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
+        Ok((socket, tls))
     }
 
     /// Asks the server to stop the statement running on the connection of
@@ -263,34 +262,27 @@ fn tune(stream: &TcpStream) -> io::Result<()> {
 #[derive(Debug, Default)]
 pub(crate) struct Backoff {
     failures: u32,
-    retry_at: Option<Instant>,
-    last: Option<String>,
+    /// Until when attempts pause, and the last one's error.
+    paused: Option<(Instant, String)>,
 }
 
 impl Backoff {
     /// The error to fail with instead of connecting, while a pause lasts
     /// (the time left rounded up: never "0 ms").
     fn refusal(&self, now: Instant) -> Option<Error> {
-        let retry_at = self.retry_at.filter(|at| *at > now)?;
-        Some(Error::Connect(format!(
-            "{} (not retried for {} ms)",
-            self.last.as_deref().unwrap_or("the last attempt failed"),
-            retry_at.duration_since(now).as_nanos().div_ceil(1_000_000)
-        )))
+        let (until, last) = self.paused.as_ref().filter(|(until, _)| *until > now)?;
+        let left = until.duration_since(now).as_nanos().div_ceil(1_000_000);
+        Some(Error::Connect(format!("{last} (not retried for {left} ms)")))
     }
 
-    fn failed(&mut self, now: Instant, err: &Error) {
+    fn failed(&mut self, now: Instant, last: String) {
         self.failures = self.failures.saturating_add(1);
         let pause = BACKOFF_MIN
             .saturating_mul(1 << self.failures.saturating_sub(1).min(16))
             .min(BACKOFF_MAX);
         // Jitter from the standard library's random hash keys.
         let random = RandomState::new().build_hasher().finish() % 250;
-        self.retry_at = Some(now + pause - pause.mul_f64(random as f64 / 1000.0));
-        self.last = Some(match err {
-            Error::Connect(message) => message.clone(),
-            other => other.to_string(),
-        });
+        self.paused = Some((now + pause - pause.mul_f64(random as f64 / 1000.0), last));
     }
 }
 
