@@ -43,35 +43,27 @@ pub(crate) fn wire(mode: SslMode) -> tokio_postgres::config::SslMode {
 pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRustlsConnect> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let roots = ca_file.filter(|_| mode != SslMode::Disable).map(load_roots).transpose()?;
-    let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::config("sslmode", e.to_string()))?;
-    let lenient = |chain| {
-        let verifier = Lenient { provider: provider.clone(), chain };
-        builder
-            .clone()
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_no_client_auth()
-    };
-    let client =
+    let chain =
         match (mode, roots) {
-            (SslMode::VerifyFull, Some(roots)) => {
-                builder.clone().with_root_certificates(roots).with_no_client_auth()
-            }
-            (SslMode::VerifyCa, Some(roots)) => {
-                let webpki =
-                    WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                        .build()
-                        .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?;
-                lenient(Some(webpki))
-            }
+            (SslMode::VerifyCa | SslMode::VerifyFull, Some(roots)) => Some(
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                    .build()
+                    .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?,
+            ),
             (SslMode::VerifyCa | SslMode::VerifyFull, None) => return Err(Error::config(
                 "ssl_ca_file",
                 "required by the verifying sslmodes: a PEM file of the CA certificates to trust",
             )),
-            (SslMode::Disable | SslMode::Prefer | SslMode::Require, _) => lenient(None),
+            (SslMode::Disable | SslMode::Prefer | SslMode::Require, _) => None,
         };
+    let verifier =
+        Verifier { provider: provider.clone(), chain, name: mode == SslMode::VerifyFull };
+    let client = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::config("sslmode", e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
     Ok(MakeRustlsConnect::new(client))
 }
 
@@ -101,19 +93,21 @@ fn pem_cause(err: &rustls::pki_types::pem::Error) -> String {
     }
 }
 
-/// The verifier of the modes that let some certificates through which
-/// webpki would refuse:
+/// The certificate check of every mode; the handshake's signatures are
+/// always checked, so the session is what the certificate's key signed:
 ///
-/// * `prefer` and `require` (`chain: None`): any certificate, but the
-///   handshake's signatures are still checked, so the session is what the
-///   certificate's key signed (TLS without authentication, as libpq does it);
-/// * `verify-ca` (`chain: Some`): the chain must lead to a trusted CA; only a
-///   certificate that fails on its name alone is let through. webpki checks
-///   the chain before the name, so a name error means the chain was good.
+/// * `prefer` and `require` (`chain: None`): any certificate (TLS without
+///   authentication, as libpq does it);
+/// * `verify-ca` (`chain: Some`, not `name`): the chain must lead to a
+///   trusted CA; only a certificate that fails on its name alone is let
+///   through. webpki checks the chain before the name, so a name error means
+///   the chain was good;
+/// * `verify-full` (`chain: Some`, `name`): webpki's verdict, chain and name.
 #[derive(Debug)]
-struct Lenient {
+struct Verifier {
     provider: Arc<CryptoProvider>,
     chain: Option<Arc<WebPkiServerVerifier>>,
+    name: bool,
 }
 
 // rustls' names, shortened so the trait's methods read on one line.
@@ -122,7 +116,7 @@ type Cert<'a> = CertificateDer<'a>;
 type Signed = DigitallySignedStruct;
 type Signature = HandshakeSignatureValid;
 
-impl ServerCertVerifier for Lenient {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -137,7 +131,7 @@ impl ServerCertVerifier for Lenient {
         match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !self.name => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
