@@ -40,11 +40,7 @@ impl Deadline {
     /// Whichever of the two comes first: a call run for another caller
     /// ends by that caller's deadline and by the running one's.
     pub fn earlier(self, other: Deadline) -> Deadline {
-        if other.at < self.at {
-            other
-        } else {
-            self
-        }
+        std::cmp::min_by_key(self, other, |deadline| deadline.at)
     }
 
     /// `future`'s result, or [`Error::Timeout`] if the deadline passes
