@@ -189,10 +189,7 @@ fn now_for(type_name: &str) -> Option<&'static str> {
 /// the database's time in a timestamp, a random uuid in a `uuid` key (Ecto
 /// generates those in the application, not in the database).
 fn fill_for(type_name: &str) -> Option<&'static str> {
-    now_for(type_name).or(match type_name {
-        "uuid" => Some("gen_random_uuid()"),
-        _ => None,
-    })
+    now_for(type_name).or((type_name == "uuid").then_some("gen_random_uuid()"))
 }
 
 /// One of the two tables, as the checks of [`Tables::from_catalog`] see it.
