@@ -58,13 +58,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec acquire(String.t(), String.t(), String.t(), pos_integer()) ::
           :ok | {:error, acquire_error()}
-  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s),
-    do:
-      run(
-        :acquire,
-        binding(),
-        turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
-      )
+  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s) do
+    run(:acquire, binding(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
+  end
 
   @doc """
   As `acquire/4`, with a lease: both locks are dated `ttl_s - lease_s`
@@ -79,13 +75,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   """
   @spec acquire(String.t(), String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, acquire_error()}
-  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s),
-    do:
-      run(
-        :acquire,
-        binding(),
-        lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s)
-      )
+  def acquire(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s) do
+    run(:acquire, binding(), lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s))
+  end
 
   @doc """
   Takes the user's lock alone for `ref`, a click on a confirmation card;
@@ -124,13 +116,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   another, and nobody can take its lock over yet.
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
-  def fresh?(conversation_uuid, turn_ref, ttl_s),
-    do:
-      run(:fresh?, binding(), [
-        chat!(conversation_uuid),
-        turn_ref!(turn_ref),
-        ttl!(ttl_s)
-      ])
+  def fresh?(conversation_uuid, turn_ref, ttl_s) do
+    run(:fresh?, binding(), [chat!(conversation_uuid), turn_ref!(turn_ref), ttl!(ttl_s)])
+  end
 
   @doc """
   Whether `turn_ref` holds both locks. A turn asks before each round and
@@ -166,13 +154,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
       false = Locks.release_stale(chat, user, "turn-1", 120)  # still fresh, or not turn-1's
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
-  def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s),
-    do:
-      run(
-        :release_stale,
-        binding(),
-        turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)]
-      )
+  def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
+    run(:release_stale, binding(), turn!(conversation_uuid, user_uuid, turn_ref) ++ [ttl!(ttl_s)])
+  end
 
   @doc "Releases the user's lock if the click `ref` still holds it. Always `:ok`."
   @spec release_user(String.t(), String.t()) :: :ok
@@ -191,13 +175,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
       true = Locks.keep(chat, user, "turn-1", 600, 15)
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
-  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s),
-    do:
-      run(
-        :keep,
-        binding(),
-        lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s)
-      )
+  def keep(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s) do
+    run(:keep, binding(), lease!(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s))
+  end
 
   @doc """
   Runs `fun` as a turn on a short lease: takes both locks under a new turn
