@@ -393,6 +393,10 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
              ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:hostname\]: must be a string, got: :db\z/},
             {[repo: FakeRepo.new(hostname: "db", ssl: :yes)],
              ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:ssl\]: must be a boolean or a keyword list, got: :yes\z/},
+            {[repo: FakeRepo.new(socket: 5432, database: "d")],
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:socket\]: must be a string, got: 5432\z/},
+            {[repo: FakeRepo.new(hostname: "db", ssl: true, ssl_opts: [cacertfile: :ca])],
+             ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:ssl_opts\]\[:cacertfile\]: must be a path, got: :ca\z/},
             {[repo: FakeRepo.new(hostname: "db", password: ~c"s3cr3t")],
              ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\.config\(\)\[:password\]: must be a string\z/}
           ] do

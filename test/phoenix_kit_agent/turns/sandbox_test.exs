@@ -246,6 +246,20 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
   end
 
   describe "the testing setting" do
+    # A repo with query/3 (never called here) whose config/0 is `config`.
+    defp sandbox_repo(config) do
+      name = Module.concat(SandboxRepo, "Config#{System.unique_integer([:positive])}")
+
+      body =
+        quote do
+          def config, do: unquote(config)
+          def query(_sql, _params, _opts), do: {:ok, %{rows: []}}
+        end
+
+      Module.create(name, body, Macro.Env.location(__ENV__))
+      name
+    end
+
     test "takes :sandbox with a repo that has query/3, or :disabled" do
       assert Config.testing(repo: SandboxRepo, testing: :sandbox) == {:sandbox, SandboxRepo, nil}
 
@@ -254,6 +268,16 @@ defmodule PhoenixKitAgent.Turns.SandboxTest do
 
       assert Config.testing(repo: SandboxRepo) == :disabled
       assert Config.testing([]) == :disabled
+    end
+
+    test "takes the repo's prefix, checked, unless the library sets one" do
+      repo = sandbox_repo(prefix: "kit")
+      assert Config.testing(repo: repo, testing: :sandbox) == {:sandbox, repo, "kit"}
+      assert Config.testing(repo: repo, testing: :sandbox, prefix: "p") == {:sandbox, repo, "p"}
+
+      repo = sandbox_repo(prefix: "a b")
+      error = assert_raise Error, fn -> Config.testing(repo: repo, testing: :sandbox) end
+      assert error.message =~ "#{inspect(repo)}.config()[:prefix]: must be an identifier"
     end
 
     test "refuses anything else, naming the fix" do

@@ -10,49 +10,48 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   @app :phoenix_kit_agent_locks
 
-  # Where and as whom to connect: a URL's parts, a repo's, or the library's own.
-  @connection ~w(hostname socket_dir port username password database
-                 sslmode ssl_ca_file application_name)a
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
-  @fields @connection ++ [:prefix, :pool_size] ++ @timeouts ++ [:prepare]
+  # The struct's fields, each a setting of the same name.
+  @fields ~w(hostname socket_dir port username password database sslmode ssl_ca_file
+             application_name prefix pool_size)a ++ @timeouts ++ [:prepare]
   @settings [:repo, :url] ++ @fields ++ [:testing]
   # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif): allowed, ignored here.
   @build_settings [:build_from_source]
   # What the library takes from a repo's config/0 as it is.
   @repo_settings ~w(hostname port username password database socket_dir prefix prepare)a
   @texts [:hostname, :username, :database, :ssl_ca_file, :application_name]
-  @default_timeout 5_000
-  @max_timeout 3_600_000
-  @max_pool_size 1_000
+  @defaults [port: 5432, sslmode: :prefer, application_name: "phoenix_kit_agent_locks"] ++
+              Enum.map(@timeouts, &{&1, 5_000}) ++ [prepare: :named]
   @sslmodes [:disable, :prefer, :require, :verify_ca, :verify_full]
   @prepares [:named, :unnamed]
-  # `testing: :sandbox` runs the statements through `repo`'s query/3 (Locks.Sandbox).
-  @testing [:disabled, :sandbox]
 
   @derive {Inspect, except: [:password]}
-  @enforce_keys [:port, :username, :database, :sslmode, :application_name, :pool_size, :prepare] ++
-                  @timeouts
   defstruct @fields
 
   @type t :: %__MODULE__{}
 
   # `{:ok, config}`, or `:unconfigured` when no source names a server.
   # `phoenix_kit` is PhoenixKit's configuration (`config :phoenix_kit, …`).
+  # The sources, each part from the first that has it: the library's own
+  # settings; its url: or else its repo's server; the repo's prefix and
+  # prepare (which a url: does not replace); then, when none names a server,
+  # DATABASE_URL.
   @spec read(keyword(), keyword()) :: {:ok, t()} | :unconfigured
   def read(env \\ Application.get_all_env(@app), phoenix_kit \\ phoenix_kit_env()) do
     own = own_settings!(env)
     repo = if module = repo(own, phoenix_kit), do: repo_settings!(module), else: []
 
-    base = if own[:url], do: parse_url!(own[:url], "url"), else: repo
-    connection = over(Keyword.take(own, @connection), base)
+    server = if own[:url], do: parse_url!(own[:url], "url"), else: repo
+    layers = [Keyword.take(repo, [:prefix, :prepare]), server, Keyword.take(own, @fields)]
+    settings = Enum.reduce(layers, &over/2)
     database_url = System.get_env("DATABASE_URL", "")
 
-    connection =
-      if located?(connection) or database_url == "",
-        do: connection,
-        else: over(connection, parse_url!(database_url, "DATABASE_URL"))
+    settings =
+      if located?(settings) or database_url == "",
+        do: settings,
+        else: over(settings, parse_url!(database_url, "DATABASE_URL"))
 
-    if located?(connection), do: {:ok, build!(connection, own, repo)}, else: :unconfigured
+    if located?(settings), do: {:ok, build!(settings)}, else: :unconfigured
   end
 
   # `{:sandbox, repo, prefix}` under `testing: :sandbox`, else `:disabled`.
@@ -61,30 +60,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   def testing(env \\ Application.get_all_env(@app), phoenix_kit \\ phoenix_kit_env()) do
     own = own_settings!(env)
 
-    case Keyword.get(own, :testing, :disabled) do
-      :disabled ->
-        :disabled
+    with :sandbox <- Keyword.get(own, :testing, :disabled) do
+      repo =
+        repo(own, phoenix_kit) ||
+          bad!(:testing, ":sandbox needs repo: the host's Ecto repo (or PhoenixKit's)")
 
-      :sandbox ->
-        repo =
-          repo(own, phoenix_kit) ||
-            bad!(:testing, ":sandbox needs repo: the host's Ecto repo (or PhoenixKit's)")
+      name = inspect(repo)
 
-        name = inspect(repo)
+      unless Code.ensure_loaded?(repo) and function_exported?(repo, :query, 3),
+        do: bad!(:repo, "#{name} has no query/3 (an Ecto SQL repo), which testing: :sandbox runs")
 
-        unless Code.ensure_loaded?(repo) and function_exported?(repo, :query, 3),
-          do:
-            bad!(:repo, "#{name} has no query/3 (an Ecto SQL repo), which testing: :sandbox runs")
-
-        repo_prefix =
-          if function_exported?(repo, :config, 0) and Keyword.keyword?(repo.config()),
-            do: repo.config()[:prefix]
-
-        prefix =
-          own[:prefix] ||
-            (repo_prefix && check!(:prefix, repo_prefix, "#{name}.config()[:prefix]"))
-
-        {:sandbox, repo, prefix}
+      {:sandbox, repo, own[:prefix] || repo_settings!(repo)[:prefix]}
     end
   end
 
@@ -94,17 +80,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # nothing here. It comes before DATABASE_URL, as a repo: of the library's does.
   defp repo(own, phoenix_kit) do
     cond do
-      own[:repo] ->
-        own[:repo]
-
-      Enum.any?([:url, :hostname, :socket_dir], &own[&1]) ->
-        nil
-
-      Keyword.keyword?(phoenix_kit) and phoenix_kit[:repo] ->
-        check!(:repo, phoenix_kit[:repo], "repo (config :phoenix_kit)")
-
-      true ->
-        nil
+      own[:repo] || Enum.any?([:url, :hostname, :socket_dir], &own[&1]) -> own[:repo]
+      phoenix_kit[:repo] -> check!(:repo, phoenix_kit[:repo], "repo (config :phoenix_kit)")
+      true -> nil
     end
   end
 
@@ -115,22 +93,40 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # of the VM whatever the database does (the README's "Limits").
   @spec default_pool_size() :: pos_integer()
   def default_pool_size do
-    case :erlang.system_info(:dirty_io_schedulers) - 2 do
-      free when free >= 1 ->
-        free
+    schedulers = :erlang.system_info(:dirty_io_schedulers)
 
-      _ ->
+    if schedulers < 3,
+      do:
         invalid!(
-          "the VM has #{:erlang.system_info(:dirty_io_schedulers)} dirty-I/O schedulers; " <>
-            "lock calls need at least 3, so that two stay free: start it with +SDio 3 or more"
+          "the VM has #{schedulers} dirty-I/O schedulers; lock calls need at least 3, " <>
+            "so that two stay free: start it with +SDio 3 or more"
         )
-    end
+
+    schedulers - 2
   end
 
-  # A pool_size above default_pool_size/0 is cut to it: more calls at once would
-  # let a database that hangs hold the dirty-I/O schedulers the VM needs.
-  defp pool_size(size) do
+  # `top` over `base`: a host or socket directory in `top` replaces both of `base`'s.
+  defp over(top, base) do
+    base = if located?(top), do: Keyword.drop(base, [:hostname, :socket_dir]), else: base
+    Keyword.merge(base, top)
+  end
+
+  defp located?(connection), do: connection[:hostname] != nil or connection[:socket_dir] != nil
+
+  defp build!(settings) do
+    settings = Keyword.merge(@defaults, settings)
+
+    username =
+      settings[:username] || System.get_env("PGUSER") || System.get_env("USER") ||
+        bad!(:username, "missing: no user in the url, the repo or the settings")
+
+    unless settings[:database],
+      do: bad!(:database, "missing: no database in the url, the repo or the settings")
+
+    # A pool_size above default_pool_size/0 is cut to it: more calls at once would
+    # let a database that hangs hold the dirty-I/O schedulers the VM needs.
     most = default_pool_size()
+    size = Keyword.get(settings, :pool_size, most)
 
     if size > most do
       Logger.warning(
@@ -140,64 +136,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       )
     end
 
-    min(size, most)
-  end
-
-  # `top` over `base`: a host or socket directory in `top` replaces both of `base`'s.
-  defp over(top, base) do
-    base =
-      if Keyword.has_key?(top, :hostname) or Keyword.has_key?(top, :socket_dir),
-        do: Keyword.drop(base, [:hostname, :socket_dir]),
-        else: base
-
-    Keyword.merge(base, top)
-  end
-
-  defp located?(connection), do: connection[:hostname] != nil or connection[:socket_dir] != nil
-
-  # The repo's prefix and prepare count even when a url replaces its server.
-  defp build!(connection, own, repo) do
-    %__MODULE__{
-      hostname: connection[:hostname],
-      socket_dir: connection[:socket_dir],
-      port: Keyword.get(connection, :port, 5432),
-      username:
-        connection[:username] || System.get_env("PGUSER") || System.get_env("USER") ||
-          bad!(:username, "missing: no user in the url, the repo or the settings"),
-      password: connection[:password],
-      database:
-        connection[:database] ||
-          bad!(:database, "missing: no database in the url, the repo or the settings"),
-      sslmode: Keyword.get(connection, :sslmode, :prefer),
-      ssl_ca_file: connection[:ssl_ca_file],
-      application_name: Keyword.get(connection, :application_name, "phoenix_kit_agent_locks"),
-      prefix: Keyword.get(own, :prefix, repo[:prefix]),
-      pool_size: pool_size(Keyword.get(own, :pool_size, default_pool_size())),
-      connect_timeout: Keyword.get(own, :connect_timeout, @default_timeout),
-      checkout_timeout: Keyword.get(own, :checkout_timeout, @default_timeout),
-      statement_timeout: Keyword.get(own, :statement_timeout, @default_timeout),
-      prepare: own[:prepare] || connection[:prepare] || repo[:prepare] || :named
-    }
+    struct!(__MODULE__, Keyword.merge(settings, username: username, pool_size: min(size, most)))
   end
 
   ## Checks, one rule per setting, whatever its source
 
   defp own_settings!(env) do
     unless Keyword.keyword?(env), do: invalid!("expected a keyword list of settings")
+    unknown = Keyword.keys(env) -- (@settings ++ @build_settings)
 
-    case Keyword.keys(env) -- (@settings ++ @build_settings) do
-      [] ->
-        for {key, value} <- Keyword.drop(env, @build_settings),
-            value != nil,
-            do: {key, check!(key, value, key)}
-
-      unknown ->
-        invalid!(
-          "unknown setting#{if length(unknown) > 1, do: "s"} " <>
-            "#{Enum.map_join(unknown, ", ", &inspect/1)}; the settings are " <>
-            Enum.map_join(@settings, ", ", &inspect/1)
-        )
+    if unknown != [] do
+      plural = if length(unknown) > 1, do: "s"
+      invalid!("unknown setting#{plural} #{names(unknown)}; the settings are #{names(@settings)}")
     end
+
+    for {key, value} <- env, key in @settings, value != nil, do: {key, check!(key, value, key)}
   end
 
   # The checked `value` of setting `key`; `name` is what an error calls it: the
@@ -206,10 +159,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # `shown?` is false (a part of a URL, which may carry the password anywhere)
   # or the value is a password or a URL.
   def check!(key, value, name, shown? \\ true) do
-    case rule(key, normal(key, value)) do
-      {true, _rule} -> normal(key, value)
-      {false, rule} -> bad!(name, rule <> if(shown?, do: got(key, value), else: ""))
-    end
+    value = normal(key, value)
+    {ok?, rule} = rule(key, value)
+    if ok?, do: value, else: bad!(name, rule <> if(shown?, do: got(key, value), else: ""))
   end
 
   # libpq's spelling, as a URL's sslmode= has it.
@@ -223,24 +175,30 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   # Whether `value` passes setting `key`'s rule, and what an error says of it.
   defp rule(:repo, v), do: {is_atom(v), "must be a module, e.g. MyApp.Repo"}
-  defp rule(:port, v), do: {v in 1..65_535, "must be an integer from 1 to 65535"}
+  defp rule(:port, v), do: up_to(v, 65_535, "")
+  defp rule(:pool_size, v), do: up_to(v, 1_000, "")
+  defp rule(key, v) when key in @timeouts, do: up_to(v, 3_600_000, " (milliseconds)")
 
-  defp rule(:pool_size, v),
-    do: {v in 1..@max_pool_size, "must be an integer from 1 to #{@max_pool_size}"}
-
-  defp rule(key, v) when key in @timeouts,
-    do: {v in 1..@max_timeout, "must be an integer from 1 to #{@max_timeout} (milliseconds)"}
-
-  defp rule(:sslmode, v),
-    do: {v in @sslmodes, "must be one of #{Enum.map_join(@sslmodes, ", ", &inspect/1)}"}
+  defp rule(:sslmode, v), do: {v in @sslmodes, "must be one of #{names(@sslmodes)}"}
 
   defp rule(:prepare, v), do: {v in @prepares, "must be :named or :unnamed"}
-  defp rule(:testing, v), do: {v in @testing, "must be :sandbox or :disabled"}
+  # `testing: :sandbox` runs the statements through `repo`'s query/3 (Locks.Sandbox).
+  defp rule(:testing, v), do: {v in [:disabled, :sandbox], "must be :sandbox or :disabled"}
   defp rule(:socket_dir, v), do: {match?("/" <> _, v), "must be an absolute directory"}
   defp rule(:prefix, v), do: {prefix?(v), prefix_rule()}
-  defp rule(key, v) when key in [:url, :password], do: {text?(v), "must be a string"}
+  # `socket` is a repo's (Postgrex's): the path of the socket file.
+  defp rule(key, v) when key in [:url, :password, :socket], do: {text?(v), "must be a string"}
   defp rule(key, "") when key in @texts, do: {false, "must not be empty"}
   defp rule(key, v) when key in @texts, do: {text?(v), "must be a string"}
+  # A repo's Postgrex TLS options.
+  defp rule(:ssl, v),
+    do: {v in [nil, true, false] or is_list(v), "must be a boolean or a keyword list"}
+
+  defp rule(:cacertfile, v), do: {v == nil or is_binary(v) or is_list(v), "must be a path"}
+
+  defp names(atoms), do: Enum.map_join(atoms, ", ", &inspect/1)
+
+  defp up_to(v, max, unit), do: {v in 1..max, "must be an integer from 1 to #{max}#{unit}"}
 
   defp text?(value),
     do: is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>)
@@ -286,11 +244,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     if uri.port == nil and String.contains?(String.replace(hostport, ~r/\A\[[^\]]*\]/, ""), ":"),
       do: bad!(name, "has a port that is not a number")
 
-    {username, password} =
-      case String.split(userinfo, ":", parts: 2) do
-        [user] -> {decode!(user, name), nil}
-        [user, password] -> {decode!(user, name), decode!(password, name)}
-      end
+    destructure([username, password], String.split(userinfo, ":", parts: 2))
+    path = uri.path && String.trim_leading(uri.path, "/")
+    parts = [hostname: uri.host, username: username, password: password, database: path]
+    decoded = for {key, part} <- parts, part != nil, do: {key, decode!(part, name)}
 
     parameters =
       for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
@@ -300,39 +257,24 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         end
       end
 
-    [
-      hostname: uri.host && uri.host != "" && decode!(uri.host, name),
-      port: uri.port,
-      username: username,
-      password: password,
-      database:
-        uri.path not in [nil, "", "/"] && decode!(String.trim_leading(uri.path, "/"), name)
-    ]
+    [{:port, uri.port} | decoded]
     |> Keyword.merge(parameters)
-    |> Enum.reject(fn {_key, value} -> value in [nil, false, ""] end)
+    |> Enum.reject(fn {_key, value} -> value in [nil, ""] end)
     |> Enum.map(fn
-      {:hostname, "/" <> _ = dir} ->
-        {:socket_dir, dir}
-
-      {:port, text} when is_binary(text) ->
-        {:port, check!(:port, with({port, ""} <- Integer.parse(text), do: port), name, false)}
-
-      {:prepare, text} ->
-        prepare = Enum.find(@prepares, &(Atom.to_string(&1) == text))
-        {:prepare, check!(:prepare, prepare, name, false)}
-
-      {key, value} ->
-        {key, check!(key, value, name, false)}
+      {:hostname, "/" <> _ = dir} -> {:socket_dir, dir}
+      {:port, text} when is_binary(text) -> {:port, with({p, ""} <- Integer.parse(text), do: p)}
+      {:prepare, text} -> {:prepare, Enum.find(@prepares, &(Atom.to_string(&1) == text))}
+      other -> other
     end)
+    |> Enum.map(fn {key, value} -> {key, check!(key, value, name, false)} end)
   end
 
   defp decode!(part, name), do: URI.decode(percent!(part, name))
 
   # URI.decode/1 raises on a lone `%`, and its message shows the text.
   defp percent!(part, name) do
-    if part =~ ~r/%(?![0-9A-Fa-f]{2})/,
-      do: bad!(name, "is not percent-encoded correctly"),
-      else: part
+    if part =~ ~r/%(?![0-9A-Fa-f]{2})/, do: bad!(name, "is not percent-encoded correctly")
+    part
   end
 
   ## The host's repo
@@ -350,65 +292,41 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     unless Keyword.keyword?(config),
       do: bad!(:repo, "#{name}.config() must return a keyword list")
 
-    from_url = if config[:url], do: parse_url!(config[:url], "#{name}.config()[:url]"), else: []
+    # What an error calls the repo's setting `key`.
+    at = &"#{name}.config()[#{inspect(&1)}]"
+    from_url = if config[:url], do: parse_url!(config[:url], at.(:url)), else: []
 
     settings =
-      for key <- @repo_settings,
-          config[key] != nil,
-          do: {key, check!(key, config[key], "#{name}.config()[#{inspect(key)}]")}
+      for key <- @repo_settings, config[key] != nil, do: {key, check!(key, config[key], at.(key))}
 
-    Enum.reduce([socket(config, name), settings, ssl(config, name)], from_url, &over/2)
+    Enum.reduce([socket(config[:socket], at), settings, ssl(config, at)], from_url, &over/2)
   end
 
   # Postgrex's `socket: "/run/postgresql/.s.PGSQL.5432"` names the socket
   # file: its directory, and the port in its name.
-  defp socket(config, name) do
-    case config[:socket] do
-      nil ->
-        []
+  defp socket(nil, _at), do: []
 
-      path when is_binary(path) ->
-        port =
-          for [_, p] <- [Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path)],
-              do: {:port, String.to_integer(p)}
+  defp socket(path, at) do
+    path = check!(:socket, path, at.(:socket))
 
-        [socket_dir: check!(:socket_dir, Path.dirname(path), "#{name}.config()[:socket]")] ++ port
+    port =
+      for [_, p] <- [Regex.run(~r/\.s\.PGSQL\.(\d+)\z/, path)], do: {:port, String.to_integer(p)}
 
-      other ->
-        bad!("#{name}.config()[:socket]", "must be a string" <> got(:socket, other))
-    end
+    [socket_dir: check!(:socket_dir, Path.dirname(path), at.(:socket))] ++ port
   end
 
   # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: verify_peer is verify_full
   # (Erlang's :ssl checks the host name too). A url's sslmode stays.
-  defp ssl(config, name) do
-    ssl_opts = Enum.find([config[:ssl], config[:ssl_opts]], [], &is_list/1)
-
-    case config[:ssl] do
+  defp ssl(config, at) do
+    case check!(:ssl, config[:ssl], at.(:ssl)) do
       off when off in [nil, false] ->
         if config[:url], do: [], else: [sslmode: :disable]
 
-      on when on == true or is_list(on) ->
-        ca_file =
-          case Keyword.get(ssl_opts, :cacertfile) do
-            nil ->
-              []
-
-            file when is_binary(file) or is_list(file) ->
-              [ssl_ca_file: to_string(file)]
-
-            other ->
-              bad!(
-                "#{name}.config()[:ssl_opts][:cacertfile]",
-                "must be a path" <> got(:ssl_ca_file, other)
-              )
-          end
-
-        mode = if ssl_opts[:verify] == :verify_peer, do: :verify_full, else: :require
-        [sslmode: mode] ++ ca_file
-
-      other ->
-        bad!("#{name}.config()[:ssl]", "must be a boolean or a keyword list" <> got(:ssl, other))
+      on ->
+        opts = Enum.find([on, config[:ssl_opts]], [], &is_list/1)
+        file = check!(:cacertfile, opts[:cacertfile], at.(:ssl_opts) <> "[:cacertfile]")
+        mode = if opts[:verify] == :verify_peer, do: :verify_full, else: :require
+        if file, do: [sslmode: mode, ssl_ca_file: to_string(file)], else: [sslmode: mode]
     end
   end
 end
