@@ -8,25 +8,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
 
   @outcomes ~w(ok true false conversation_busy turn_in_flight click_in_flight connect pool_timeout
                timeout disconnected statement config not_started nif_not_loaded other)a
-  # Bucket i holds the calls that took less than 2^i µs (the last: the rest).
+  # A function's counters: one per outcome, then 27 latency buckets, where
+  # bucket i holds the calls that took less than 2^i µs (the last: the rest).
+  @slot Map.new(Enum.with_index(@outcomes, 1))
   @buckets 27
-  @per_function length(@outcomes) + @buckets
+  @size length(@outcomes) + @buckets
 
   @counters {__MODULE__, :counters}
   @telemetry {__MODULE__, :telemetry}
 
-  # The counters and each function's place in them, made once per VM (status/0
-  # counts since it started) by the first start whose pool or sandbox mode loaded
-  # the NIF. A VM that loads modules on first use and names no database loads
-  # Native only at the first call, which then raises :not_started uncounted.
+  # Each function's counters, made once per VM (status/0 counts since it
+  # started) by the first start whose pool or sandbox mode loaded the NIF. A
+  # VM that loads modules on first use and names no database loads Native
+  # only at the first call, which then raises :not_started uncounted.
   def setup do
     :persistent_term.put(@telemetry, Code.ensure_loaded?(:telemetry))
 
     with nil <- :persistent_term.get(@counters, nil),
          true <- :code.is_loaded(Native) != false and Native.loaded() do
-      index = Map.new(Enum.with_index(Native.functions()))
-      counters = :counters.new(map_size(index) * @per_function, [:write_concurrency])
-      :persistent_term.put(@counters, {counters, index})
+      counters = Map.new(Native.functions(), &{&1, :counters.new(@size, [:write_concurrency])})
+      :persistent_term.put(@counters, counters)
     end
   end
 
@@ -46,25 +47,25 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     {function, start, metadata}
   end
 
-  def stop({function, start, metadata}, result) do
-    duration = count(function, start, outcome(result))
+  def stop(span, result), do: finish(span, outcome(result), :stop, %{result: result})
 
-    if telemetry?(),
-      do: emit([function, :stop], measures(duration), Map.put(metadata, :result, result))
+  def exception(span, kind, reason, stacktrace) do
+    finish(span, raised(reason), :exception, %{kind: kind, reason: reason, stacktrace: stacktrace})
   end
 
-  def exception({function, start, metadata}, kind, reason, stacktrace) do
-    outcome =
-      case reason do
-        %{__exception__: true, reason: outcome} when outcome in @outcomes -> outcome
-        _other -> :other
-      end
+  # Counts the call by its outcome and its duration, and ends its span.
+  defp finish({function, start, metadata}, outcome, event, more) do
+    duration = System.monotonic_time() - System.convert_time_unit(start, :nanosecond, :native)
 
-    duration = count(function, start, outcome)
+    with %{^function => counters} <- :persistent_term.get(@counters, nil) do
+      us = System.convert_time_unit(duration, :native, :microsecond)
+      :counters.add(counters, @slot[outcome], 1)
+      :counters.add(counters, length(@outcomes) + min(bit_length(us), @buckets - 1) + 1, 1)
+    end
 
     if telemetry?() do
-      metadata = Map.merge(metadata, %{kind: kind, reason: reason, stacktrace: stacktrace})
-      emit([function, :exception], measures(duration), metadata)
+      measurements = %{duration: duration, monotonic_time: System.monotonic_time()}
+      emit([function, event], measurements, Map.merge(metadata, more))
     end
   end
 
@@ -72,8 +73,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
     do: if(telemetry?(), do: emit(event, measurements, metadata))
 
   defp telemetry?, do: :persistent_term.get(@telemetry, false)
-
-  defp measures(duration), do: %{duration: duration, monotonic_time: System.monotonic_time()}
 
   # A handler that raises, or a :telemetry application that is not started,
   # must not fail the lock call.
@@ -89,53 +88,39 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   defp outcome(answer) when is_boolean(answer), do: answer
   defp outcome(_answered), do: :ok
 
-  # Counts the call; its duration, in native units.
-  defp count(function, start, outcome) do
-    duration = System.monotonic_time() - System.convert_time_unit(start, :nanosecond, :native)
-
-    with {counters, %{^function => i}} <- :persistent_term.get(@counters, nil) do
-      base = i * @per_function
-      :counters.add(counters, base + Enum.find_index(@outcomes, &(&1 == outcome)) + 1, 1)
-      us = System.convert_time_unit(duration, :native, :microsecond)
-      bucket = min(bit_length(us), @buckets - 1)
-      :counters.add(counters, base + length(@outcomes) + bucket + 1, 1)
-    end
-
-    duration
-  end
+  defp raised(%{__exception__: true, reason: reason}) when reason in @outcomes, do: reason
+  defp raised(_reason), do: :other
 
   defp bit_length(0), do: 0
   defp bit_length(n), do: bit_length(Bitwise.bsr(n, 1)) + 1
 
   # The `:calls` and `:latency` of `Locks.status/0`, for the functions called so far.
   def counts do
-    {counters, index} = :persistent_term.get(@counters, {nil, %{}})
+    counted =
+      for {function, counters} <- :persistent_term.get(@counters, %{}),
+          {outcomes, buckets} = Enum.split(read(counters), length(@outcomes)),
+          calls = for({n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n}),
+          calls != %{},
+          do: {function, calls, latency(buckets)}
 
-    for {function, i} <- index,
-        read = for(j <- 1..@per_function, do: :counters.get(counters, i * @per_function + j)),
-        {outcomes, buckets} = Enum.split(read, length(@outcomes)),
-        Enum.sum(outcomes) > 0,
-        reduce: %{calls: %{}, latency: %{}} do
-      %{calls: calls, latency: latency} ->
-        counts = for {n, o} <- Enum.zip(outcomes, @outcomes), n > 0, into: %{}, do: {o, n}
-
-        # A call being counted right now may have its outcome and not yet its
-        # latency (write_concurrency counters are read without a snapshot).
-        latency =
-          if Enum.sum(buckets) > 0,
-            do: Map.put(latency, function, latency(buckets)),
-            else: latency
-
-        %{calls: Map.put(calls, function, counts), latency: latency}
-    end
+    %{
+      calls: Map.new(counted, fn {function, calls, _latency} -> {function, calls} end),
+      latency: for({function, _, %{} = latency} <- counted, into: %{}, do: {function, latency})
+    }
   end
 
+  defp read(counters), do: for(i <- 1..@size, do: :counters.get(counters, i))
+
   # A quantile is the bound of the first bucket that reaches it; the maximum,
-  # that of the last one used.
+  # that of the last one used. None while no call has its latency counted: a
+  # call being counted right now may have its outcome and not yet its latency
+  # (write_concurrency counters are read without a snapshot).
   defp latency(buckets) do
     total = Enum.sum(buckets)
     running = Enum.scan(buckets, &+/2)
     upper = fn q -> Bitwise.bsl(1, Enum.find_index(running, &(&1 >= q * total))) end
-    %{calls: total, p50_us: upper.(0.5), p99_us: upper.(0.99), max_us: upper.(1)}
+
+    if total > 0,
+      do: %{calls: total, p50_us: upper.(0.5), p99_us: upper.(0.99), max_us: upper.(1)}
   end
 end
