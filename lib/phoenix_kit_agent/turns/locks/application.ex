@@ -5,7 +5,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
   require Logger
 
-  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Native, Observe, Sandbox}
+  alias PhoenixKitAgent.Turns.Locks.{Config, Error, Keepers, Native, Observe, Sandbox}
 
   @impl true
   def start(_type, _args) do
@@ -16,17 +16,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
 
     # with_turn/4's keepers: stopped before stop/1 closes the pool, so each
     # tells its turn it is lost and releases its locks on the way out.
-    children = [
-      {DynamicSupervisor, name: PhoenixKitAgent.Turns.Locks.Keepers, strategy: :one_for_one}
-    ]
+    children = [{DynamicSupervisor, name: Keepers, strategy: :one_for_one}]
 
     Supervisor.start_link(children, strategy: :one_for_one, name: __MODULE__.Supervisor)
   end
 
+  @impl true
+  def stop(_state), do: Native.stop()
+
   defp start_pool do
     case Config.read() do
       {:ok, config} ->
-        start_pool!(config)
+        Native.start(config)
 
       :unconfigured ->
         Logger.warning(
@@ -35,16 +36,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Application do
             "lock calls will raise until the application is restarted with one"
         )
     end
-  end
-
-  @impl true
-  def stop(_state), do: Native.stop()
-
-  # A NIF that raises puts its arguments, the password among them, in the
-  # stacktrace: the same exception is raised again from here, without them.
-  defp start_pool!(config) do
-    Native.start(config)
   rescue
+    # A NIF that raises puts its arguments, the password among them, in the
+    # stacktrace: the same exception is raised again from here, without them.
     error in [Error, ArgumentError] -> raise error
   end
 end

@@ -4,6 +4,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # replaces them when it loads; they say why it did not. Callers use Locks.
 
   @on_load :load_nif
+  @load_error {__MODULE__, :load_error}
 
   def load_nif do
     path = :filename.join(:code.priv_dir(:phoenix_kit_agent_locks), ~c"native/liblocks_nif")
@@ -20,16 +21,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
 
     case loaded do
       # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
-      :ok ->
-        :persistent_term.put({__MODULE__, :rules}, rules())
-
-      {:error, {:upgrade, _}} ->
-        {:error, :running_version_keeps_the_nif}
-
+      :ok -> :persistent_term.put({__MODULE__, :rules}, rules())
+      {:error, {:upgrade, _}} -> {:error, :running_version_keeps_the_nif}
       # Not an error: during the first `mix compile` the library is built only
       # after this module, and the compiler reloads it.
-      {:error, {reason, text}} ->
-        :persistent_term.put({__MODULE__, :load_error}, "#{reason}: #{text}")
+      {:error, {reason, text}} -> :persistent_term.put(@load_error, "#{reason}: #{text}")
     end
   end
 
@@ -61,11 +57,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # stubs are, so that Elixir's type checker (1.18 on) reads a stub's result
   # as any term, not as `none()`, at the call sites that match it.
   defp not_loaded do
-    why = :persistent_term.get({__MODULE__, :load_error}, "not loaded")
-
-    PhoenixKitAgent.Turns.Locks.Error.exception(
-      reason: :nif_not_loaded,
-      message: "the locks NIF is not loaded (#{why}); run `mix compile`"
-    )
+    why = :persistent_term.get(@load_error, "not loaded")
+    message = "the locks NIF is not loaded (#{why}); run `mix compile`"
+    %PhoenixKitAgent.Turns.Locks.Error{reason: :nif_not_loaded, message: message}
   end
 end

@@ -68,19 +68,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
   # statement_timeout; any other refused it.
   def error(%{postgres: %{pg_code: sqlstate} = postgres}) when is_binary(sqlstate) do
     cause = "#{postgres[:message]} (#{sqlstate})"
+    fatal? = postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"]
 
-    cond do
-      postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"] ->
-        message = "connection lost while the statement was in flight: " <> cause
-        %Error{reason: :disconnected, message: message}
+    {reason, message} =
+      cond do
+        fatal? -> {:disconnected, "connection lost while the statement was in flight: " <> cause}
+        sqlstate == "57014" -> {:timeout, "timed out: " <> cause}
+        true -> {:statement, "statement failed: #{sqlstate}: #{postgres[:message]}"}
+      end
 
-      sqlstate == "57014" ->
-        %Error{reason: :timeout, message: "timed out: " <> cause}
-
-      true ->
-        message = "statement failed: #{sqlstate}: #{postgres[:message]}"
-        %Error{reason: :statement, sqlstate: sqlstate, message: message}
-    end
+    %Error{reason: reason, message: message, sqlstate: if(reason == :statement, do: sqlstate)}
   end
 
   def error(%{__struct__: DBConnection.ConnectionError, message: message} = error) do
