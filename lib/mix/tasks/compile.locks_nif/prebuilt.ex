@@ -1,8 +1,8 @@
 defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
-  @moduledoc """
-  Finds, verifies and unpacks a prebuilt `liblocks_nif` for the running VM:
-  see README.md, "Installing without Rust".
-  """
+  @moduledoc false
+  # Finds, verifies and unpacks a prebuilt `liblocks_nif` for the running VM
+  # (README.md, "Installing without Rust"): the Mix compiler's, and `mix
+  # locks.checksum`'s (dev/), not a user API.
 
   @checksum_file "checksum-Elixir.PhoenixKitAgent.Turns.Locks.Native.exs"
   # What the release workflow builds; a test holds the workflow to these lists.
@@ -26,10 +26,10 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   # As rustler_precompiled names them.
   def artifact(v, nif, target), do: "liblocks_nif-v#{v}-nif-#{nif}-#{target}.so.tar.gz"
 
-  @doc "The variable `name` of `env`; empty counts as unset (as shells and Docker make them)."
+  # The variable `name` of `env`; empty counts as unset (as shells and Docker make them).
   def var(env, name), do: if(env[name] in [nil, ""], do: nil, else: env[name])
 
-  @doc "Where and what to look for, for the library at `root`, from the environment `env`."
+  # Where and what to look for, for the library at `root`, from the environment `env`.
   def settings(root, env) do
     config = Mix.Project.config()
     arch = List.to_string(:erlang.system_info(:system_architecture))
@@ -47,7 +47,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     }
   end
 
-  @doc "The target of `targets/0` for an Erlang system architecture."
+  # The target of `targets/0` for an Erlang system architecture.
   def target_triple(architecture) do
     cpu = %{"amd64" => "x86_64", "arm64" => "aarch64"}
 
@@ -63,7 +63,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
       else: {:error, "no Rust target known for the system architecture #{architecture}"}
   end
 
-  @doc "`{:ok, artifact, checksum}`: the artifact to install and its listed checksum; or `{:error, why}`."
+  # `{:ok, artifact, checksum}`: the artifact to install and its listed
+  # checksum; or `{:error, why}`.
   def expected(settings) do
     with {:ok, target} <- settings.target,
          {:ok, checksums} <- read_checksums(settings.checksum_file),
@@ -71,7 +72,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
          do: {:ok, name, checksums[name]}
   end
 
-  @doc "`{:ok, library, artifact, from, checksum}` (`from` a file or URL), `{:mismatch, why}` or `{:error, why}`."
+  # `{:ok, library, artifact, from, checksum}` (`from` a file or URL),
+  # `{:mismatch, why}` or `{:error, why}`.
   def fetch(settings) do
     with {:ok, name, expected} <- expected(settings),
          cached = Path.join(settings.cache_dir, name),
@@ -83,7 +85,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  @doc "The compiler's error when no artifact fits and cargo is not found."
+  # The compiler's error when no artifact fits and cargo is not found.
   def no_library(settings, why) do
     way_out =
       case expected(settings) do
@@ -173,7 +175,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
          do: Mix.shell().info("locks_nif: cannot cache #{path}: #{:file.format_error(reason)}")
   end
 
-  @doc "Writes `bytes` as `path` by a rename (atomic): a reader sees either file whole."
+  # Writes `bytes` as `path` by a rename (atomic): a reader sees either file whole.
   def write_beside(path, bytes) do
     staged = "#{path}.#{System.pid()}-#{System.unique_integer([:positive])}.tmp"
 
@@ -188,7 +190,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
 
   def checksum(bytes), do: "sha256:" <> Base.encode16(:crypto.hash(:sha256, bytes), case: :lower)
 
-  @doc "The checksum file at `path` as a map of artifact names to checksums; never run."
+  # The checksum file at `path` as a map of artifact names to checksums; never run.
   def read_checksums(path) do
     with {:ok, text} <- File.read(path),
          {:ok, {:%{}, _, pairs}} <- Code.string_to_quoted(text),
@@ -211,7 +213,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   # What a download needs; the project lists none of them (mix.exs).
   @download_apps [:crypto, :public_key, :ssl, :inets]
 
-  @doc "GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name."
+  # GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name.
   def download(url, proxy) do
     with :ok <- ensure_started(@download_apps),
          {:ok, options} <- http_options(url) do
@@ -266,7 +268,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     ]
   end
 
-  @doc "Starts `apps` (`:ok`, or the first `{:error, {app, reason}}`), each put on the code path first."
+  # Starts `apps` (`:ok`, or the first `{:error, {app, reason}}`), each put
+  # on the code path first.
   # Mix (Elixir 1.15 on) keeps only the paths of the applications a project
   # lists; Mix.ensure_application!/1 puts one back (absent before 1.15).
   def ensure_started(apps) do
@@ -292,7 +295,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   defp http_error(:timeout), do: "timed out"
   defp http_error(reason), do: inspect(reason)
 
-  @doc "The `:httpc` proxy options for `env`; `.example.com` and `example.com` cover subdomains."
+  # The `:httpc` proxy options for `env`; `.example.com` and `example.com` cover subdomains.
   def proxy_options(env) do
     exceptions =
       (var(env, "no_proxy") || var(env, "NO_PROXY") || "")
