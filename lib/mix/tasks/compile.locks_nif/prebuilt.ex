@@ -64,12 +64,24 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   end
 
   # `{:ok, artifact, checksum}`: the artifact to install and its listed
-  # checksum; or `{:error, why}`.
-  def expected(settings) do
+  # checksum; or `{:error, why}`. Of the artifacts listed for the target, the
+  # one of the newest NIF version the VM loads: a library of NIF 2.16 loads
+  # on a VM of 2.16 or a later 2.x (`~> 2.16`).
+  def expected(%{version: version, nif_version: running} = settings) do
     with {:ok, target} <- settings.target,
-         {:ok, checksums} <- read_checksums(settings.checksum_file),
-         {:ok, name} <- listed(settings, target, checksums),
-         do: {:ok, name, checksums[name]}
+         {:ok, checksums} <- read_checksums(settings.checksum_file) do
+      names =
+        for nif <- Enum.reverse(@nif_versions),
+            Version.match?("#{running}.0", "~> #{nif}"),
+            do: artifact(version, nif, target)
+
+      if name = Enum.find(names, &Map.has_key?(checksums, &1)),
+        do: {:ok, name, checksums[name]},
+        else:
+          {:error,
+           "#{@checksum_file} lists no artifact of version #{version} for " <>
+             "#{target} and NIF version #{running}"}
+    end
   end
 
   # `{:ok, library, artifact, from, checksum}` (`from` a file or URL),
@@ -106,26 +118,6 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     #{way_out}\
     """
   end
-
-  # Of the artifacts listed for the target, the one of the newest NIF version the VM loads.
-  defp listed(settings, target, checksums) do
-    names = Enum.map(loadable(settings), &artifact(settings.version, &1, target))
-
-    if name = Enum.find(names, &Map.has_key?(checksums, &1)),
-      do: {:ok, name},
-      else:
-        {:error,
-         "#{@checksum_file} lists no artifact of version #{settings.version} for " <>
-           "#{target} and NIF version #{settings.nif_version}"}
-  end
-
-  # The NIF versions built that the VM loads, newest first: the same major, a minor no higher.
-  defp loadable(%{nif_version: running}) do
-    [major, minor] = parse_nif(running)
-    for nif <- Enum.reverse(@nif_versions), [^major, m] <- [parse_nif(nif)], m <= minor, do: nif
-  end
-
-  defp parse_nif(version), do: version |> String.split(".") |> Enum.map(&String.to_integer/1)
 
   # The cached file when it can be read (the `else`), else the download.
   defp read_or_download(settings, name, cached) do
