@@ -202,17 +202,13 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     File.write!(path, "%{\n#{Enum.join(lines, ",\n")}\n}\n")
   end
 
-  # What a download needs; the project lists none of them (mix.exs).
-  @download_apps [:crypto, :public_key, :ssl, :inets]
-
   # GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name.
   def download(url, proxy) do
-    with :ok <- ensure_started(@download_apps),
+    # What a download needs; the project lists none of them (mix.exs).
+    with :ok <- ensure_started([:crypto, :public_key, :ssl, :inets]),
          {:ok, options} <- http_options(url) do
-      case :inets.start(:httpc, profile: @profile) do
-        {:ok, _} -> :ok
-        {:error, {:already_started, _}} -> :ok
-      end
+      # Started now, or already: left by a download whose process died in it.
+      _ = :inets.start(:httpc, profile: @profile)
 
       try do
         :ok = :httpc.set_options(proxy, @profile)
@@ -226,52 +222,37 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
       after
         :inets.stop(:httpc, @profile)
       end
-    else
-      {:error, {app, reason}} when is_atom(app) ->
-        {:error, "cannot start #{inspect(app)} to download #{url}: #{inspect(reason)}"}
-
-      error ->
-        error
     end
   end
 
   # Every download verifies TLS: an http: URL too, should it redirect to
-  # https:. Without the system's CA certificates, an https: URL is refused
-  # here; an http: one goes on (OTP 27's :httpc would crash looking for them
-  # itself), and a redirect of it to https: is refused by the TLS check.
+  # https:. Without the system's CA certificates (cacerts_get/0 raises), an
+  # https: URL is refused here; an http: one goes on (OTP 27's :httpc would
+  # crash looking for them itself, were no ssl options given), and a
+  # redirect of it to https: is refused by the TLS check, which no CA passes.
   defp http_options(url) do
-    case {url, cacerts()} do
-      {"https:" <> _, {:error, why}} -> {:error, "no CA certificates to verify #{url}: #{why}"}
-      {_, certs} -> {:ok, [ssl: verify_tls(if is_list(certs), do: certs, else: [])] ++ @timeouts}
-    end
-  end
-
-  defp cacerts do
-    :public_key.cacerts_get()
+    verify = [verify: :verify_peer, cacerts: :public_key.cacerts_get()]
+    hostname = [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
+    {:ok, [ssl: verify ++ [customize_hostname_check: hostname]] ++ @timeouts}
   rescue
-    error -> {:error, Exception.message(error)}
+    error ->
+      if String.starts_with?(url, "https:"),
+        do: {:error, "no CA certificates to verify #{url}: #{Exception.message(error)}"},
+        else: {:ok, [ssl: [verify: :verify_peer, cacerts: []]] ++ @timeouts}
   end
 
-  defp verify_tls(certs) do
-    [
-      verify: :verify_peer,
-      cacerts: certs,
-      customize_hostname_check: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
-    ]
-  end
-
-  # Starts `apps` (`:ok`, or the first `{:error, {app, reason}}`), each put
-  # on the code path first.
-  # Mix (Elixir 1.15 on) keeps only the paths of the applications a project
-  # lists; Mix.ensure_application!/1 puts one back (absent before 1.15).
+  # Starts `apps`, each put on the code path first: `:ok`, or the first
+  # `{:error, why}`. Mix (Elixir 1.15 on) keeps only the paths of the
+  # applications a project lists; Mix.ensure_application!/1 puts one back
+  # (absent before 1.15).
   def ensure_started(apps) do
-    Enum.reduce_while(apps, :ok, fn app, :ok ->
+    Enum.find_value(apps, :ok, fn app ->
       if function_exported?(Mix, :ensure_application!, 1),
         do: apply(Mix, :ensure_application!, [app])
 
       case Application.ensure_all_started(app) do
-        {:ok, _} -> {:cont, :ok}
-        {:error, _} = error -> {:halt, error}
+        {:ok, _} -> nil
+        {:error, reason} -> {:error, "cannot start #{inspect(app)}: #{inspect(reason)}"}
       end
     end)
   end
