@@ -39,7 +39,8 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
     # The library as its package ships, without target/, _build/ or priv/native/.
     library = Path.join(dir, "phoenix_kit_agent_locks")
     files = Mix.Project.config()[:package][:files]
-    assert Path.basename(Prebuilt.checksum_file(".")) in files
+    checksum_file = Prebuilt.settings(library, %{}).checksum_file
+    assert Path.relative_to(checksum_file, library) in files
     assert ".cargo/config.toml" in files
 
     for path <- files do
@@ -61,7 +62,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
         :compressed
       ])
 
-    Prebuilt.write_checksums(Prebuilt.checksum_file(library), %{
+    Prebuilt.write_checksums(checksum_file, %{
       name => Prebuilt.checksum(File.read!(tarball))
     })
 

@@ -10,7 +10,6 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
               x86_64-apple-darwin x86_64-unknown-linux-gnu x86_64-unknown-linux-musl)
   @nif_versions ~w(2.16 2.17)
   @cache_env "LOCKS_NIF_CACHE_DIR"
-  @target_env "LOCKS_NIF_TARGET"
   @proxy_env [proxy: ~w(http_proxy HTTP_PROXY), https_proxy: ~w(https_proxy HTTPS_PROXY)]
   # httpc keeps options (the proxy) per profile, and a proxy once set cannot be
   # unset: a profile of our own, started and stopped around each download, so
@@ -21,7 +20,6 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
 
   def targets, do: @targets
   def nif_versions, do: @nif_versions
-  def checksum_file(root), do: Path.join(root, @checksum_file)
 
   # As rustler_precompiled names them.
   def artifact(v, nif, target), do: "liblocks_nif-v#{v}-nif-#{nif}-#{target}.so.tar.gz"
@@ -37,9 +35,10 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
 
     %{
       version: config[:version],
-      target: if(target = var(env, @target_env), do: {:ok, target}, else: target_triple(arch)),
+      target:
+        if(target = var(env, "LOCKS_NIF_TARGET"), do: {:ok, target}, else: target_triple(arch)),
       nif_version: List.to_string(:erlang.system_info(:nif_version)),
-      checksum_file: checksum_file(root),
+      checksum_file: Path.join(root, @checksum_file),
       cache_dir:
         var(env, @cache_env) || :filename.basedir(:user_cache, "phoenix_kit_agent_locks"),
       base_url: String.trim_trailing(base_url, "/"),
@@ -149,15 +148,12 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
      """}
   end
 
-  # A gzipped tar holding one file: the artifact's name without `.tar.gz`.
+  # A gzipped tar holding one file, the library, as the release workflow packs
+  # it: no other shape can be met, as the bytes are the listed ones (verified).
   defp unpack(tarball, name) do
-    library = String.trim_trailing(name, ".tar.gz")
-    options = [:memory, :compressed, files: [~c"#{library}", ~c"./#{library}"]]
-
-    case :erl_tar.extract({:binary, tarball}, options) do
-      {:ok, [{_, bytes} | _]} -> {:ok, bytes}
-      {:ok, []} -> {:error, "#{name} holds no #{library}"}
-      {:error, reason} -> {:error, "cannot unpack #{name}: #{:erl_tar.format_error(reason)}"}
+    case :erl_tar.extract({:binary, tarball}, [:memory, :compressed]) do
+      {:ok, [{_, library}]} -> {:ok, library}
+      _ -> {:error, "#{name} is not a gzipped tar of one file"}
     end
   end
 
@@ -195,11 +191,10 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  def write_checksums(path, checksums) when checksums == %{}, do: File.write!(path, "%{}\n")
-
+  # Its one writer, mix locks.checksum, writes all the artifacts or nothing.
   def write_checksums(path, checksums) do
-    lines = for {name, sum} <- Enum.sort(checksums), do: "  #{inspect(name)} => #{inspect(sum)}"
-    File.write!(path, "%{\n#{Enum.join(lines, ",\n")}\n}\n")
+    lines = for {name, sum} <- Enum.sort(checksums), do: "\n  #{inspect(name)} => #{inspect(sum)}"
+    File.write!(path, "%{#{Enum.join(lines, ",")}\n}\n")
   end
 
   # GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name.
