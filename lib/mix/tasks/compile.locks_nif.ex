@@ -57,30 +57,28 @@ defmodule Mix.Tasks.Compile.LocksNif do
   @doc false
   # Installs the library at `dest` as `settings` say, or does nothing, silently,
   # when the stamp beside it says it is current. Public for the tests.
-  def compile(%{build: {:source, why}} = settings, dest) do
-    if current?(dest, [source_stamp(settings)]) do
-      noop()
-    else
-      if why, do: Mix.shell().info("locks_nif: building from source (#{why})")
-      from_source(settings, dest)
+  def compile(%{build: build} = settings, dest) do
+    expected = if build == :prebuilt, do: Prebuilt.expected(settings.prebuilt)
+    # A source build of the same sources is as good as the listed artifact.
+    listed = for {:ok, artifact, checksum} <- [expected], do: prebuilt_stamp(artifact, checksum)
+
+    cond do
+      current?(dest, [source_stamp(settings) | listed]) ->
+        reload_stub()
+        {:noop, []}
+
+      build == :prebuilt ->
+        from_prebuilt(settings, dest, expected)
+
+      true ->
+        {:source, why} = build
+        if why, do: Mix.shell().info("locks_nif: building from source (#{why})")
+        from_source(settings, dest)
     end
   end
 
-  def compile(%{build: :prebuilt, prebuilt: prebuilt} = settings, dest) do
-    # A source build of the same sources is as good as the listed artifact.
-    listed =
-      case Prebuilt.expected(prebuilt) do
-        {:ok, artifact, checksum} -> [prebuilt_stamp(artifact, checksum)]
-        {:error, _} -> []
-      end
-
-    if current?(dest, [source_stamp(settings) | listed]),
-      do: noop(),
-      else: from_prebuilt(settings, dest)
-  end
-
-  defp from_prebuilt(%{prebuilt: prebuilt} = settings, dest) do
-    case Prebuilt.fetch(prebuilt) do
+  defp from_prebuilt(%{prebuilt: prebuilt} = settings, dest, expected) do
+    case Prebuilt.fetch(prebuilt, expected) do
       {:ok, library, artifact, from, checksum} ->
         with {:ok, []} <- install(library, dest, prebuilt_stamp(artifact, checksum)) do
           Mix.shell().info("locks_nif: installed #{artifact} from #{from} (SHA-256 as listed)")
@@ -95,7 +93,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
         from_source(settings, dest)
 
       {:error, why} ->
-        error(Prebuilt.no_library(prebuilt, why))
+        error(Prebuilt.no_library(prebuilt, expected, why))
     end
   end
 
@@ -133,7 +131,6 @@ defmodule Mix.Tasks.Compile.LocksNif do
   # artifact and its checksum) and the SHA-256 of the library itself. While
   # both still hold, compiling again runs no cargo, downloads nothing and
   # prints nothing (README, "Install in a Phoenix host").
-  defp stamp_path(dest), do: dest <> ".stamp"
   defp stamp(from, library), do: "#{from}\nlibrary #{Prebuilt.checksum(library)}\n"
 
   defp source_stamp(settings),
@@ -142,25 +139,17 @@ defmodule Mix.Tasks.Compile.LocksNif do
   defp prebuilt_stamp(artifact, checksum), do: "prebuilt #{artifact} #{checksum}"
 
   defp current?(dest, froms) do
-    with {:ok, stamp} <- File.read(stamp_path(dest)),
-         {:ok, library} <- File.read(dest) do
-      stamp in Enum.map(froms, &stamp(&1, library))
-    else
-      _ -> false
-    end
+    with {:ok, stamp} <- File.read(dest <> ".stamp"),
+         {:ok, library} <- File.read(dest),
+         do: stamp in Enum.map(froms, &stamp(&1, library)),
+         else: (_ -> false)
   end
 
-  defp noop do
-    reload_stub()
-    {:noop, []}
-  end
-
-  @doc false
   # The SHA-256 of what cargo builds the library from: every file under
   # native/ (but a target/ directory), the workspace's Cargo.toml and
   # Cargo.lock, .cargo/config.toml and a rust-toolchain file, by relative
-  # path and content. Public for its test.
-  def sources_checksum(root) do
+  # path and content (the external term format frames each).
+  defp sources_checksum(root) do
     workspace = ~w(Cargo.toml Cargo.lock .cargo/config.toml rust-toolchain rust-toolchain.toml)
 
     root
@@ -171,12 +160,9 @@ defmodule Mix.Tasks.Compile.LocksNif do
     |> Enum.concat(workspace)
     |> Enum.filter(&File.regular?(Path.join(root, &1)))
     |> Enum.sort()
-    |> Enum.reduce(:crypto.hash_init(:sha256), fn path, hash ->
-      content = File.read!(Path.join(root, path))
-      :crypto.hash_update(hash, [path, 0, Integer.to_string(byte_size(content)), 0, content])
-    end)
-    |> :crypto.hash_final()
-    |> then(&("sha256:" <> Base.encode16(&1, case: :lower)))
+    |> Enum.map(&{&1, File.read!(Path.join(root, &1))})
+    |> :erlang.term_to_binary()
+    |> Prebuilt.checksum()
   end
 
   @doc false
@@ -196,7 +182,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
       end
 
     with {_, []} when from != nil <- result,
-         do: Prebuilt.write_beside(stamp_path(dest), stamp(from, library))
+         do: Prebuilt.write_beside(dest <> ".stamp", stamp(from, library))
 
     result
   end

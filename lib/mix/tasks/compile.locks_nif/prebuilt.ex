@@ -83,10 +83,11 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  # `{:ok, library, artifact, from, checksum}` (`from` a file or URL),
-  # `{:mismatch, why}` or `{:error, why}`.
-  def fetch(settings) do
-    with {:ok, name, expected} <- expected(settings),
+  # The artifact `expected/1` answered, `expected`, as `{:ok, library,
+  # artifact, from, checksum}` (`from` a file or URL), or `{:mismatch, why}`
+  # or `{:error, why}`.
+  def fetch(settings, expected) do
+    with {:ok, name, expected} <- expected,
          cached = Path.join(settings.cache_dir, name),
          {:ok, tarball, from} <- read_or_download(settings, name, cached),
          :ok <- verify(checksum(tarball), expected, name, from, cached),
@@ -96,10 +97,11 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end
   end
 
-  # The compiler's error when no artifact fits and cargo is not found.
-  def no_library(settings, why) do
+  # The compiler's error when no artifact fits and cargo is not found: `why`
+  # fetch/2 failed, for `expected/1`'s answer `expected`.
+  def no_library(settings, expected, why) do
     way_out =
-      case expected(settings) do
+      case expected do
         {:ok, artifact, _} ->
           "Either install Rust (https://rustup.rs) so that cargo is on PATH, or put #{artifact} " <>
             "(as listed in #{@checksum_file}) in a directory and set #{@cache_env} to it."
