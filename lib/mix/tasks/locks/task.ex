@@ -19,14 +19,7 @@ defmodule Mix.Tasks.Locks.Task do
   # Starts the library for `task` ("mix locks.held"), then runs `fun`; errors as above.
   def run(task, fun) do
     Mix.Task.run("app.config")
-    configured!(task)
-    start!(task)
-    fun.()
-  rescue
-    error in Error -> Mix.raise("#{task}: #{Exception.message(error)}#{hint(error.reason)}")
-  end
 
-  defp configured!(task) do
     if Config.read() == :unconfigured do
       Mix.raise(
         "#{task}: no database configured: set `config :phoenix_kit, repo: MyApp.Repo` " <>
@@ -35,28 +28,28 @@ defmodule Mix.Tasks.Locks.Task do
           "or the DATABASE_URL environment variable"
       )
     end
+
+    start!(task)
+    fun.()
+  rescue
+    error in Error -> Mix.raise("#{task}: #{Exception.message(error)}#{hint(error.reason)}")
   end
 
   # A pool that cannot be built (an unreadable ssl_ca_file) fails the start:
   # its Error is somewhere in the application's exit reason, and is reported
-  # instead of OTP's notice of the exit, with its stack trace.
+  # instead of OTP's notice of the exit, with its stack trace. A start that
+  # fails returns its reason (application_master catches what a start
+  # callback raises): nothing raises between the two Logger calls.
   defp start!(task) do
     level = Logger.level()
     Logger.configure(level: :error)
+    started = Application.ensure_all_started(@app)
+    Logger.configure(level: level)
 
-    try do
-      Application.ensure_all_started(@app)
-    after
-      Logger.configure(level: level)
-    end
-    |> case do
-      {:ok, _} ->
-        :ok
-
-      {:error, reason} ->
-        if error = find_error(reason),
-          do: raise(error),
-          else: Mix.raise("#{task}: cannot start #{inspect(@app)}: #{inspect(reason, limit: 5)}")
+    with {:error, reason} <- started do
+      if error = find_error(reason),
+        do: raise(error),
+        else: Mix.raise("#{task}: cannot start #{inspect(@app)}: #{inspect(reason, limit: 5)}")
     end
   end
 
