@@ -22,23 +22,19 @@ defmodule Mix.Tasks.Locks.Held do
   @impl true
   def run(args) do
     {opts, _} = OptionParser.parse!(args, strict: [ttl: :integer])
-    Mix.Tasks.Locks.Task.run("mix locks.held", fn -> print(Keyword.get(opts, :ttl, 120)) end)
-  end
 
-  defp print(ttl) do
-    locks =
-      try do
-        PhoenixKitAgent.Turns.Locks.held_locks(ttl)
-      rescue
-        # Its one argument: "invalid ttl_s: expected …, got: 0".
-        error in ArgumentError ->
-          Mix.raise(
-            "mix locks.held: --ttl: " <>
-              String.replace_prefix(error.message, "invalid ttl_s: ", "")
-          )
-      end
+    Mix.Tasks.Locks.Task.run("mix locks.held", fn ->
+      locks =
+        try do
+          PhoenixKitAgent.Turns.Locks.held_locks(Keyword.get(opts, :ttl, 120))
+        rescue
+          # Its one argument: "invalid ttl_s: expected …, got: 0".
+          e in ArgumentError ->
+            Mix.raise(String.replace_prefix(e.message, "invalid ttl_s", "mix locks.held: --ttl"))
+        end
 
-    Mix.shell().info(if locks == [], do: "no lock is taken", else: table(locks))
+      Mix.shell().info(if locks == [], do: "no lock is taken", else: table(locks))
+    end)
   end
 
   @doc false
