@@ -87,38 +87,36 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   # artifact, from, checksum}` (`from` a file or URL), or `{:mismatch, why}`
   # or `{:error, why}`.
   def fetch(settings, expected) do
-    with {:ok, name, expected} <- expected,
+    with {:ok, name, checksum} <- expected,
          cached = Path.join(settings.cache_dir, name),
          {:ok, tarball, from} <- read_or_download(settings, name, cached),
-         :ok <- verify(checksum(tarball), expected, name, from, cached),
+         :ok <- verify(checksum(tarball), checksum, name, from, cached),
          {:ok, library} <- unpack(tarball, name) do
       if from != cached, do: keep(cached, tarball)
-      {:ok, library, name, from, expected}
+      {:ok, library, name, from, checksum}
     end
   end
 
   # The compiler's error when no artifact fits and cargo is not found: `why`
   # fetch/2 failed, for `expected/1`'s answer `expected`.
   def no_library(settings, expected, why) do
-    way_out =
-      case expected do
-        {:ok, artifact, _} ->
-          "Either install Rust (https://rustup.rs) so that cargo is on PATH, or put #{artifact} " <>
-            "(as listed in #{@checksum_file}) in a directory and set #{@cache_env} to it."
-
-        {:error, _} ->
-          "Install Rust (https://rustup.rs) so that cargo is on PATH."
-      end
-
     target = with {:ok, t} <- settings.target, do: t, else: (_ -> "(unknown)")
 
     """
     no library for target #{target} and NIF version #{settings.nif_version}:
       prebuilt: #{why}
       from source: cargo not found on PATH or in ~/.cargo/bin
-    #{way_out}\
+    #{way_out(expected)}\
     """
   end
+
+  # A listed artifact can be put in the cache directory; else Rust is the one way.
+  defp way_out({:ok, artifact, _}),
+    do:
+      "Either install Rust (https://rustup.rs) so that cargo is on PATH, or put #{artifact} " <>
+        "(as listed in #{@checksum_file}) in a directory and set #{@cache_env} to it."
+
+  defp way_out({:error, _}), do: "Install Rust (https://rustup.rs) so that cargo is on PATH."
 
   # The cached file when it can be read (the `else`), else the download.
   defp read_or_download(settings, name, cached) do
