@@ -10,8 +10,6 @@ defmodule Mix.Tasks.Locks.Task do
   # as Ecto's tasks do), not the host's own applications: a task that reads
   # locks has no business starting an endpoint.
 
-  require Logger
-
   alias PhoenixKitAgent.Turns.Locks.{Config, Error}
 
   @app :phoenix_kit_agent_locks
