@@ -113,14 +113,14 @@ defmodule Mix.Tasks.Compile.LocksNif do
     args = ["build", "--package", "locks_nif", "--locked"] ++ release
     opts = [cd: settings.root, stderr_to_stdout: true, into: IO.stream(:stdio, :line)]
     dir = Path.join(settings.target_dir, settings.profile)
-    libraries = Enum.map(["liblocks_nif.so", "liblocks_nif.dylib"], &Path.join(dir, &1))
 
+    # liblocks_nif.dylib on macOS.
     with {_, 0} <- System.cmd(settings.cargo, args, opts),
-         built when built != nil <- Enum.find(libraries, &File.exists?/1) do
+         [built | _] <- Path.wildcard(Path.join(dir, "liblocks_nif.{so,dylib}")) do
       install(File.read!(built), dest, stamp)
     else
       {_, status} -> error("cargo build failed (exit #{status})")
-      nil -> error("cargo built no liblocks_nif in #{dir}")
+      [] -> error("cargo built no liblocks_nif in #{dir}")
     end
   end
 
