@@ -31,8 +31,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
     version = Mix.Project.config()[:version]
     nif = List.to_string(:erlang.system_info(:nif_version))
 
-    {:ok, target} =
-      Prebuilt.target_triple(List.to_string(:erlang.system_info(:system_architecture)))
+    {:ok, target} = Prebuilt.target_triple()
 
     name = Prebuilt.artifact(version, nif, target)
 

@@ -474,8 +474,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
     end
 
     test "defaults, and the environment variables that override them", %{library: library} do
-      {:ok, target} =
-        Prebuilt.target_triple(List.to_string(:erlang.system_info(:system_architecture)))
+      {:ok, target} = Prebuilt.target_triple()
 
       assert LocksNif.settings(library, %{}, []).prebuilt == %{
                version: @version,

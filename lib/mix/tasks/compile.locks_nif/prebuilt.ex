@@ -30,13 +30,11 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   # Where and what to look for, for the library at `root`, from the environment `env`.
   def settings(root, env) do
     config = Mix.Project.config()
-    arch = List.to_string(:erlang.system_info(:system_architecture))
     base_url = var(env, "LOCKS_NIF_BASE_URL") || Keyword.fetch!(config, :locks_nif_base_url)
 
     %{
       version: config[:version],
-      target:
-        if(target = var(env, "LOCKS_NIF_TARGET"), do: {:ok, target}, else: target_triple(arch)),
+      target: if(target = var(env, "LOCKS_NIF_TARGET"), do: {:ok, target}, else: target_triple()),
       nif_version: List.to_string(:erlang.system_info(:nif_version)),
       checksum_file: Path.join(root, @checksum_file),
       cache_dir:
@@ -46,8 +44,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     }
   end
 
-  # The target of `targets/0` for an Erlang system architecture.
-  def target_triple(architecture) do
+  # The target of `targets/0` for an Erlang system architecture, the VM's by default.
+  def target_triple(architecture \\ List.to_string(:erlang.system_info(:system_architecture))) do
     cpu = %{"amd64" => "x86_64", "arm64" => "aarch64"}
 
     triple =
@@ -134,19 +132,18 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   defp verify(expected, expected, _name, _from, _cached), do: :ok
 
   defp verify(actual, expected, name, from, cached) do
-    advice =
-      if from == cached,
-        do: "Delete #{cached} to download the artifact again.",
-        else: "The download is not the artifact the release published."
-
     {:mismatch,
      """
      checksum mismatch for #{name} from #{from}:
        expected #{expected} (#{@checksum_file})
        got      #{actual}
-     Nothing was installed. #{advice}\
+     Nothing was installed. #{advice(from, cached)}\
      """}
   end
+
+  # From the cache, or downloaded.
+  defp advice(cached, cached), do: "Delete #{cached} to download the artifact again."
+  defp advice(_url, _cached), do: "The download is not the artifact the release published."
 
   # A gzipped tar holding one file, the library, as the release workflow packs
   # it: no other shape can be met, as the bytes are the listed ones (verified).
