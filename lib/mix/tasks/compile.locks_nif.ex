@@ -25,7 +25,6 @@ defmodule Mix.Tasks.Compile.LocksNif do
   def clean do
     # The library and its stamp.
     File.rm_rf(Path.join(Mix.Project.app_path(), "priv/native"))
-    :ok
   end
 
   @doc false
@@ -168,9 +167,9 @@ defmodule Mix.Tasks.Compile.LocksNif do
   @doc false
   # Public for its test. Never into the installed file: a VM that loaded it
   # maps it, and would crash; renamed over, it lives on while a VM maps it.
-  # With `from`, the stamp is written after the library (best effort: a stamp
-  # that cannot be written costs a cargo run next time).
-  def install(library, dest, from \\ nil) do
+  # The stamp, naming `from`, is written after the library (best effort: a
+  # stamp that cannot be written costs a cargo run next time).
+  def install(library, dest, from) do
     result =
       with false <- File.read(dest) == {:ok, library},
            :ok <- Prebuilt.write_beside(dest, library) do
@@ -181,8 +180,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
         {:error, reason} -> error("cannot install #{dest}: #{:file.format_error(reason)}")
       end
 
-    with {_, []} when from != nil <- result,
-         do: Prebuilt.write_beside(dest <> ".stamp", stamp(from, library))
+    with {_, []} <- result, do: Prebuilt.write_beside(dest <> ".stamp", stamp(from, library))
 
     result
   end

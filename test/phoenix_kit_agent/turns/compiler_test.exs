@@ -21,19 +21,21 @@ defmodule PhoenixKitAgent.Turns.CompilerTest do
        %{dir: dir} do
     dest = Path.join(dir, "priv/native/liblocks_nif.so")
 
-    assert LocksNif.install("old build", dest) == {:ok, []}
+    assert LocksNif.install("old build", dest, "test") == {:ok, []}
     %File.Stat{inode: installed} = File.stat!(dest)
     # As a VM that has it loaded (mapped) does, keep the installed file open.
     {:ok, loaded} = File.open(dest, [:read, :binary])
 
-    assert LocksNif.install("new build", dest) == {:ok, []}
+    assert LocksNif.install("new build", dest, "test") == {:ok, []}
     assert File.stat!(dest).inode != installed
     assert File.read!(dest) == "new build"
     assert IO.binread(loaded, :eof) == "old build"
     File.close(loaded)
 
-    assert LocksNif.install("new build", dest) == {:noop, []}
-    assert File.ls!(Path.dirname(dest)) == ["liblocks_nif.so"], "no staged file left behind"
+    assert LocksNif.install("new build", dest, "test") == {:noop, []}
+
+    assert Enum.sort(File.ls!(Path.dirname(dest))) == ["liblocks_nif.so", "liblocks_nif.so.stamp"],
+           "no staged file left behind"
   end
 
   test "the NIF compiler runs after Elixir's, which compile it" do
