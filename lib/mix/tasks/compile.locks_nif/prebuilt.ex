@@ -67,17 +67,16 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   def expected(%{version: version, nif_version: running} = settings) do
     with {:ok, target} <- settings.target,
          {:ok, checksums} <- read_checksums(settings.checksum_file) do
-      names =
-        for nif <- Enum.reverse(@nif_versions),
-            Version.match?("#{running}.0", "~> #{nif}"),
-            do: artifact(version, nif, target)
+      none =
+        "#{@checksum_file} lists no artifact of version #{version} for " <>
+          "#{target} and NIF version #{running}"
 
-      if name = Enum.find(names, &Map.has_key?(checksums, &1)),
-        do: {:ok, name, checksums[name]},
-        else:
-          {:error,
-           "#{@checksum_file} lists no artifact of version #{version} for " <>
-             "#{target} and NIF version #{running}"}
+      Enum.find_value(Enum.reverse(@nif_versions), {:error, none}, fn nif ->
+        name = artifact(version, nif, target)
+
+        if Version.match?("#{running}.0", "~> #{nif}") and Map.has_key?(checksums, name),
+          do: {:ok, name, checksums[name]}
+      end)
     end
   end
 
