@@ -248,13 +248,13 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
     end)
   end
 
-  defp http_error({:failed_connect, info}) do
-    case List.keyfind(info, :inet, 0) do
-      {:inet, _, {:tls_alert, {alert, _text}}} -> "cannot connect: TLS alert #{alert}"
-      {:inet, _, reason} -> "cannot connect: #{:inet.format_error(reason)}"
-      nil -> "cannot connect: #{inspect(info)}"
-    end
-  end
+  # :httpc's connect failures: [{:to_address, _}, {:inet, _, reason}] (the
+  # default ipfamily, inet, is the one tried); any other shape is inspected.
+  defp http_error({:failed_connect, [_, {:inet, _, {:tls_alert, {alert, _text}}}]}),
+    do: "cannot connect: TLS alert #{alert}"
+
+  defp http_error({:failed_connect, [_, {:inet, _, reason}]}),
+    do: "cannot connect: #{:inet.format_error(reason)}"
 
   defp http_error(:timeout), do: "timed out"
   defp http_error(reason), do: inspect(reason)
