@@ -21,9 +21,7 @@ defmodule Mix.Tasks.Locks.Held do
 
   @impl true
   def run(args) do
-    {opts, _} = OptionParser.parse!(args, strict: [ttl: :integer])
-
-    Mix.Tasks.Locks.Task.run("mix locks.held", fn ->
+    Mix.Tasks.Locks.Task.run("mix locks.held", args, [ttl: :integer], fn opts ->
       locks =
         try do
           PhoenixKitAgent.Turns.Locks.held_locks(Keyword.get(opts, :ttl, 120))

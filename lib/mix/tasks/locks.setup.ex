@@ -15,10 +15,8 @@ defmodule Mix.Tasks.Locks.Setup do
 
   @impl true
   def run(args) do
-    {opts, _} = OptionParser.parse!(args, strict: [lock_columns: :boolean])
-    kind = if opts[:lock_columns], do: :lock_columns, else: :tables
-
-    Mix.Tasks.Locks.Task.run("mix locks.setup", fn ->
+    Mix.Tasks.Locks.Task.run("mix locks.setup", args, [lock_columns: :boolean], fn opts ->
+      kind = if opts[:lock_columns], do: :lock_columns, else: :tables
       :ok = PhoenixKitAgent.Turns.Locks.Schema.setup!(kind)
       Mix.shell().info("phoenix_kit_agent_locks: applied #{kind} DDL")
     end)

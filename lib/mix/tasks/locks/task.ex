@@ -14,8 +14,10 @@ defmodule Mix.Tasks.Locks.Task do
 
   @app :phoenix_kit_agent_locks
 
-  # Starts the library for `task` ("mix locks.held"), then runs `fun`; errors as above.
-  def run(task, fun) do
+  # Parses `args` by `switches`, starts the library for `task` ("mix
+  # locks.held"), then runs `fun` on the options; errors as above.
+  def run(task, args, switches, fun) do
+    {opts, _} = OptionParser.parse!(args, strict: switches)
     Mix.Task.run("app.config")
 
     if Config.read() == :unconfigured do
@@ -28,7 +30,7 @@ defmodule Mix.Tasks.Locks.Task do
     end
 
     start!(task)
-    fun.()
+    fun.(opts)
   rescue
     error in Error -> Mix.raise("#{task}: #{Exception.message(error)}#{hint(error.reason)}")
   end
