@@ -187,10 +187,10 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
   # The first compile loads the stub before the library exists: load it again so
   # its @on_load finds the library. One that runs the NIF stays (no NIF upgrade).
+  # load_file/1 refuses while old code is left (purged first); the stub it
+  # replaces becomes the old code, which runs in no process.
   defp reload_stub do
     if :code.is_loaded(@native) != false and not @native.loaded() do
-      :code.purge(@native)
-      :code.delete(@native)
       :code.purge(@native)
       {:module, @native} = :code.load_file(@native)
     end
