@@ -21,11 +21,9 @@ defmodule Mix.Tasks.Compile.LocksNif do
     compile(settings(root), Path.join(Mix.Project.app_path(), "priv/native/liblocks_nif.so"))
   end
 
+  # The library and its stamp.
   @impl true
-  def clean do
-    # The library and its stamp.
-    File.rm_rf(Path.join(Mix.Project.app_path(), "priv/native"))
-  end
+  def clean, do: File.rm_rf(Path.join(Mix.Project.app_path(), "priv/native"))
 
   @doc false
   # What the compiler decides on; public for the tests, which give their own env and cargo.
