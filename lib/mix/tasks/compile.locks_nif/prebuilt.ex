@@ -259,7 +259,8 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   defp http_error(:timeout), do: "timed out"
   defp http_error(reason), do: inspect(reason)
 
-  # The `:httpc` proxy options for `env`; `.example.com` and `example.com` cover subdomains.
+  # The `:httpc` proxy options for `env`; `.example.com` and `example.com` cover
+  # subdomains (a pattern twice, from both, is matched as once).
   def proxy_options(env) do
     exceptions =
       (var(env, "no_proxy") || var(env, "NO_PROXY") || "")
@@ -271,7 +272,6 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
           host -> if host =~ ~r/^[\d.:\[\]]+$/, do: [host], else: [host, "*." <> host]
         end
       end)
-      |> Enum.uniq()
       |> Enum.map(&String.to_charlist/1)
 
     proxies =
