@@ -130,9 +130,6 @@ defmodule Mix.Tasks.Compile.LocksNif do
   # prints nothing (README, "Install in a Phoenix host").
   defp stamp(from, library), do: "#{from}\nlibrary #{Prebuilt.checksum(library)}\n"
 
-  defp source_stamp(settings),
-    do: "sources #{sources_checksum(settings.root)} #{settings.profile}"
-
   defp prebuilt_stamp(artifact, checksum), do: "prebuilt #{artifact} #{checksum}"
 
   defp current?(dest, froms) do
@@ -142,11 +139,12 @@ defmodule Mix.Tasks.Compile.LocksNif do
          else: (_ -> false)
   end
 
-  # The SHA-256 of what cargo builds the library from: every file under
-  # native/ (but a target/ directory), the workspace's Cargo.toml and
-  # Cargo.lock, .cargo/config.toml and a rust-toolchain file, by relative
-  # path and content (the external term format frames each).
-  defp sources_checksum(root) do
+  # A source build's: the SHA-256 of what cargo builds the library from,
+  # every file under native/ (but a target/ directory), the workspace's
+  # Cargo.toml and Cargo.lock, .cargo/config.toml and a rust-toolchain file,
+  # by relative path and content (the external term format frames each),
+  # and the profile.
+  defp source_stamp(%{root: root, profile: profile}) do
     workspace = ~w(Cargo.toml Cargo.lock .cargo/config.toml rust-toolchain rust-toolchain.toml)
 
     root
@@ -160,6 +158,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
     |> Enum.map(&{&1, File.read!(Path.join(root, &1))})
     |> :erlang.term_to_binary()
     |> Prebuilt.checksum()
+    |> then(&"sources #{&1} #{profile}")
   end
 
   @doc false
