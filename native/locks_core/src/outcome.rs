@@ -1,7 +1,11 @@
 //! What a lock call answered. Contention is an outcome, not an error.
 
 /// Why `acquire/4`, `acquire/5` or `acquire_user/4` took nothing: who holds a lock.
+/// The NIF encodes it by derive (the `nif` feature) as the atom the API
+/// answers in `{:error, reason}`: `:conversation_busy`, `:turn_in_flight`,
+/// `:click_in_flight`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum), rustler(encode))]
 pub enum Busy {
     /// The chat is locked by another turn (or names no row); `acquire` only.
     ConversationBusy,

@@ -4,8 +4,6 @@ rustler::atoms! {
     ok, error,
     // The queue's answers and replies (call.rs), and the replies' tag
     go, wait, taken, phoenix_kit_agent_locks,
-    // acquire/4 and acquire_user/4 refusals
-    conversation_busy, turn_in_flight, click_in_flight,
     // PhoenixKitAgent.Turns.Locks.Error reasons
     config, not_started, connect, pool_timeout, timeout, disconnected, statement,
     // testing: :sandbox's steps (repo.rs)

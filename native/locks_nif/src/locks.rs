@@ -2,7 +2,7 @@
 //! argument list become a `locks_core::Job`, decoded by its derive, and the
 //! job's `Answer` becomes the term the function documents.
 
-use locks_core::{Answer, Busy, Job};
+use locks_core::{Answer, Job};
 use rustler::types::tuple::make_tuple;
 use rustler::{Atom, Decoder, Encoder, Env, Error, NifResult, Term};
 
@@ -43,14 +43,7 @@ pub fn job_and_params<'a>(
 pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
     match answer {
         Answer::Ok => atoms::ok().encode(env),
-        Answer::Busy(busy) => {
-            let reason = match busy {
-                Busy::ConversationBusy => atoms::conversation_busy(),
-                Busy::TurnInFlight => atoms::turn_in_flight(),
-                Busy::ClickInFlight => atoms::click_in_flight(),
-            };
-            (atoms::error(), reason).encode(env)
-        }
+        Answer::Busy(busy) => (atoms::error(), busy).encode(env),
         Answer::Yes(yes) => yes.encode(env),
         Answer::Locks(locks) => locks
             .iter()
