@@ -76,38 +76,30 @@ impl Job {
         sql::LOCKS.iter().map(|def| def.name)
     }
 
-    /// The job's statement (`sql.rs`).
-    pub(crate) fn statement(&self) -> &'static Def {
+    /// The job's statement (`sql.rs`) and its parameters: the job's fields,
+    /// in their order.
+    pub(crate) fn statement(&self) -> (&'static Def, Vec<&(dyn ToSql + Sync)>) {
         match self {
-            Job::Acquire(..) => &sql::ACQUIRE,
-            Job::AcquireUser(..) => &sql::ACQUIRE_USER,
-            Job::Fresh(..) => &sql::FRESH,
-            Job::Held(..) => &sql::HELD,
-            Job::Keep(..) => &sql::KEEP,
-            Job::KeepUser(..) => &sql::KEEP_USER,
-            Job::HeldLocks(..) => &sql::HELD_LOCKS,
-            Job::Release(..) => &sql::RELEASE,
-            Job::ReleaseStale(..) => &sql::RELEASE_STALE,
-            Job::ReleaseUser(..) => &sql::RELEASE_USER,
-        }
-    }
-
-    /// The statement's parameters: the job's fields, in their order.
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        match self {
-            Job::Acquire(chat, user, turn, ttl, hold) | Job::Keep(chat, user, turn, ttl, hold) => {
-                vec![chat, user, &turn.0, &ttl.0, &hold.0]
+            Job::Acquire(chat, user, turn, ttl, hold) => {
+                (&sql::ACQUIRE, vec![chat, user, &turn.0, &ttl.0, &hold.0])
             }
-            Job::ReleaseStale(chat, user, turn, ttl) => vec![chat, user, &turn.0, &ttl.0],
-            Job::AcquireUser(user, click, ttl, hold) | Job::KeepUser(user, click, ttl, hold) => {
-                vec![user, &click.0, &ttl.0, &hold.0]
+            Job::AcquireUser(user, click, ttl, hold) => {
+                (&sql::ACQUIRE_USER, vec![user, &click.0, &ttl.0, &hold.0])
             }
-            Job::Held(chat, user, turn) | Job::Release(chat, user, turn) => {
-                vec![chat, user, &turn.0]
+            Job::Fresh(chat, turn, ttl) => (&sql::FRESH, vec![chat, &turn.0, &ttl.0]),
+            Job::Held(chat, user, turn) => (&sql::HELD, vec![chat, user, &turn.0]),
+            Job::Keep(chat, user, turn, ttl, hold) => {
+                (&sql::KEEP, vec![chat, user, &turn.0, &ttl.0, &hold.0])
             }
-            Job::Fresh(chat, turn, ttl) => vec![chat, &turn.0, &ttl.0],
-            Job::HeldLocks(ttl) => vec![&ttl.0],
-            Job::ReleaseUser(user, click) => vec![user, &click.0],
+            Job::KeepUser(user, click, ttl, hold) => {
+                (&sql::KEEP_USER, vec![user, &click.0, &ttl.0, &hold.0])
+            }
+            Job::HeldLocks(ttl) => (&sql::HELD_LOCKS, vec![&ttl.0]),
+            Job::Release(chat, user, turn) => (&sql::RELEASE, vec![chat, user, &turn.0]),
+            Job::ReleaseStale(chat, user, turn, ttl) => {
+                (&sql::RELEASE_STALE, vec![chat, user, &turn.0, &ttl.0])
+            }
+            Job::ReleaseUser(user, click) => (&sql::RELEASE_USER, vec![user, &click.0]),
         }
     }
 

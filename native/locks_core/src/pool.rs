@@ -118,7 +118,7 @@ impl LockPool {
     /// `sql.rs` for how); its answer. Blocks: never call it inside a tokio
     /// runtime.
     pub fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
-        let (def, params) = (job.statement(), job.params());
+        let (def, params) = job.statement();
         let mut pooled = self.checkout(deadline)?;
         let Pooled { conn, runtime } = &mut pooled;
         let answer = runtime.block_on(deadline.bound(async {

@@ -60,7 +60,7 @@ impl Repo {
             let (chats, users) = schema::table_names(self.prefix.as_deref());
             return Ok(Step::Columns(sql::COLUMNS.text.to_owned(), [chats, users]));
         };
-        Ok(Step::Run(statements.get(job.statement())?.text.clone()))
+        Ok(Step::Run(statements.get(job.statement().0)?.text.clone()))
     }
 
     /// Builds the statements from the rows of [`Step::Columns`]' query; a

@@ -601,10 +601,11 @@ pub(crate) mod tests {
     fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
         let jobs = every_job();
         let statements = statements();
-        let mut names: Vec<_> = jobs.iter().map(|job| job.statement().name).collect();
+        let mut names: Vec<_> = jobs.iter().map(|job| job.statement().0.name).collect();
         for job in &jobs {
-            let statement = statements.get(job.statement()).expect("built by the pool");
-            assert_eq!(job.params().len(), statement.def.params.len(), "{}", statement.def.name);
+            let (def, params) = job.statement();
+            let statement = statements.get(def).expect("built by the pool");
+            assert_eq!(params.len(), statement.def.params.len(), "{}", statement.def.name);
         }
         names.sort_unstable();
         names.dedup();
