@@ -1,7 +1,7 @@
 //! [`LockPool`]: a pool of connections and the statements; [`LockPool::run`] sends a job's one statement.
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use once_cell::sync::OnceCell;
@@ -14,7 +14,7 @@ use crate::job::{Answer, Job};
 use crate::row::{values, Value};
 use crate::schema::{self, Catalog, Tables};
 use crate::settings::{Prepare, Settings};
-use crate::sql::{self, Statement, Statements};
+use crate::sql::{self, Def, Statements};
 
 /// The one deadline of a call: its caller's start plus
 /// [`Settings::call_timeout`]. Every wait of the call (its place in line,
@@ -73,7 +73,7 @@ pub struct LockPool {
     conns: Mutex<Conns>,
     connector: Connector,
     settings: Settings,
-    statements: OnceCell<Arc<Statements>>,
+    statements: OnceCell<Statements>,
 }
 
 /// The pool's connections: the idle ones, how many are open (idle or in a
@@ -122,10 +122,9 @@ impl LockPool {
         let mut pooled = self.checkout(deadline)?;
         let Pooled { conn, runtime } = &mut pooled;
         let answer = runtime.block_on(deadline.bound(async {
-            let statements = self.statements(conn).await?;
-            let statement = statements.get(def)?;
+            let text = self.statements(conn).await?.get(def)?;
             loop {
-                match run(conn, self.settings.prepare, statement, &params).await {
+                match run(conn, self.settings.prepare, def, text, &params).await {
                     Err(err) if err.is_retryable() => continue,
                     answer => return answer,
                 }
@@ -216,17 +215,18 @@ impl LockPool {
     /// The statements, built on the first call from what the catalog says
     /// of the tables (checked by `schema.rs`: until they pass, every call
     /// reads it again).
-    async fn statements(&self, conn: &mut Conn) -> Result<Arc<Statements>> {
+    async fn statements(&self, conn: &mut Conn) -> Result<&Statements> {
         if let Some(statements) = self.statements.get() {
-            return Ok(statements.clone());
+            return Ok(statements);
         }
         let prefix = self.settings.prefix.as_deref();
         let (chats, users) = schema::table_names(prefix);
-        let columns = Statement { def: &sql::COLUMNS, text: sql::COLUMNS.text.to_owned() };
-        let rows = run(conn, self.settings.prepare, &columns, &[&chats, &users]).await?;
+        let columns = &sql::COLUMNS;
+        let rows =
+            run(conn, self.settings.prepare, columns, columns.text, &[&chats, &users]).await?;
         let catalog = Catalog::from_rows(&rows)?;
-        let statements = Arc::new(Statements::new(&Tables::from_catalog(prefix, &catalog)?));
-        Ok(self.statements.get_or_init(|| statements).clone())
+        let statements = Statements::new(&Tables::from_catalog(prefix, &catalog)?);
+        Ok(self.statements.get_or_init(|| statements))
     }
 
     /// Connections in the pool, and those of them idle.
@@ -284,28 +284,29 @@ async fn catch_up() {
     tokio::task::yield_now().await;
 }
 
-/// Sends `statement` on `conn`: by name (prepared on the connection the first
-/// time) or unnamed with its parameters' types, in one round trip. Notes
-/// when it was sent and, unless the connection was lost, when the server
-/// answered (see `discard`).
+/// Sends the statement of `def`, its `text` filled in, on `conn`: by name
+/// (prepared on the connection the first time) or unnamed with its
+/// parameters' types, in one round trip. Notes when it was sent and, unless
+/// the connection was lost, when the server answered (see `discard`).
 async fn run(
     conn: &mut Conn,
     prepare: Prepare,
-    statement: &Statement,
+    def: &Def,
+    text: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Vec<Value>>> {
     conn.sent = Instant::now();
-    let (name, types) = (statement.def.name, statement.def.params);
+    let (name, types) = (def.name, def.params);
     let rows = async {
         if prepare == Prepare::Unnamed {
             let typed: Vec<_> =
                 params.iter().zip(types).map(|(value, ty)| (*value, ty.clone())).collect();
-            return conn.client.query_typed(&statement.text, &typed).await;
+            return conn.client.query_typed(text, &typed).await;
         }
         let prepared = match conn.prepared.iter().find(|(named, _)| *named == name) {
             Some((_, prepared)) => prepared.clone(),
             None => {
-                let prepared = conn.client.prepare_typed(&statement.text, types).await?;
+                let prepared = conn.client.prepare_typed(text, types).await?;
                 conn.prepared.push((name, prepared.clone()));
                 prepared
             }

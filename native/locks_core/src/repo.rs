@@ -14,7 +14,6 @@
 //! by [`Job::answer`], the pool's own reading, from [`Value`] rows.
 
 use once_cell::sync::OnceCell;
-use std::sync::Arc;
 
 use crate::error::Result;
 use crate::job::{Answer, Job};
@@ -26,7 +25,7 @@ use crate::sql::{self, Statements};
 #[derive(Debug)]
 pub struct Repo {
     prefix: Option<String>,
-    statements: OnceCell<Arc<Statements>>,
+    statements: OnceCell<Statements>,
 }
 
 /// What the repo must run next for a call: a statement's text, `$1`… for
@@ -60,14 +59,14 @@ impl Repo {
             let (chats, users) = schema::table_names(self.prefix.as_deref());
             return Ok(Step::Columns(sql::COLUMNS.text.to_owned(), [chats, users]));
         };
-        Ok(Step::Run(statements.get(job.statement().0)?.text.clone()))
+        Ok(Step::Run(statements.get(job.statement().0)?.to_owned()))
     }
 
     /// Builds the statements from the rows of [`Step::Columns`]' query; a
     /// table that cannot be used is the pool's `Config` error.
     pub fn columns(&self, rows: &[Vec<Value>]) -> Result<()> {
         let tables = Tables::from_catalog(self.prefix.as_deref(), &Catalog::from_rows(rows)?)?;
-        let _ = self.statements.set(Arc::new(Statements::new(&tables)));
+        let _ = self.statements.set(Statements::new(&tables));
         Ok(())
     }
 
@@ -94,7 +93,7 @@ mod tests {
 
         assert!(repo.columns(&schema::tests::shipped_rows()).is_ok());
         let tables = Tables::from_catalog(Some("phoenix_kit"), &schema::tests::shipped()).ok();
-        let text = tables.map(|tables| sql::ACQUIRE.fill(&tables).text);
+        let text = tables.map(|tables| sql::ACQUIRE.fill(&tables));
         assert_eq!(repo.step(&job).ok(), text.map(Step::Run));
 
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];

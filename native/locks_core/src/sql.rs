@@ -488,49 +488,39 @@ pub(crate) const LOCKS: [&Def; 10] = [
     &RELEASE_USER,
 ];
 
-/// A statement ready to run on a pool's connections: its [`Def`], filled in.
-#[derive(Clone, Debug)]
-pub(crate) struct Statement {
-    pub def: &'static Def,
-    pub text: String,
-}
-
 impl Def {
-    /// The statement with the placeholders filled in for `tables`.
-    pub fn fill(&'static self, tables: &Tables) -> Statement {
+    /// The text with the placeholders filled in for `tables`.
+    pub fn fill(&self, tables: &Tables) -> String {
         let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
             tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
         };
-        Statement {
-            def: self,
-            text: self
-                .text
-                .replace("{chats}", &tables.chats)
-                .replace("{users}", &tables.users)
-                .replace("{chat_now}", tables.chat_now)
-                .replace("{user_now}", tables.user_now)
-                .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
-                .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned())),
-        }
+        self.text
+            .replace("{chats}", &tables.chats)
+            .replace("{users}", &tables.users)
+            .replace("{chat_now}", tables.chat_now)
+            .replace("{user_now}", tables.user_now)
+            .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
+            .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned()))
     }
 }
 
-/// The lock statements of a pool, filled in once (the texts are also the
-/// keys of each connection's prepared statements).
-#[derive(Clone, Debug)]
-pub(crate) struct Statements(Vec<Statement>);
+/// The texts of the lock statements, filled in once for a pool's tables,
+/// each by its statement's name (the key of its prepared statement on each
+/// connection).
+#[derive(Debug)]
+pub(crate) struct Statements(Vec<(&'static str, String)>);
 
 impl Statements {
     /// Fills the placeholders in for `tables`.
     pub fn new(tables: &Tables) -> Self {
-        Statements(LOCKS.iter().map(|def| def.fill(tables)).collect())
+        Statements(LOCKS.iter().map(|def| (def.name, def.fill(tables))).collect())
     }
 
-    /// The statement of `def`, one of [`LOCKS`].
-    pub fn get(&self, def: &Def) -> Result<&Statement> {
+    /// The text of `def`, one of [`LOCKS`].
+    pub fn get(&self, def: &Def) -> Result<&str> {
         // Every job's statement is one of LOCKS (a test below holds it).
-        let found = self.0.iter().find(|statement| statement.def.name == def.name);
-        found.ok_or_else(|| Error::unexpected(def.name))
+        let found = self.0.iter().find(|(name, _)| *name == def.name);
+        found.map(|(_, text)| text.as_str()).ok_or_else(|| Error::unexpected(def.name))
     }
 }
 
@@ -546,17 +536,17 @@ pub(crate) mod tests {
 
     #[test]
     fn every_parameter_has_its_type() {
-        for statement in &statements().0 {
-            let used = (1..=9).filter(|n| statement.text.contains(&format!("${n}"))).count();
-            assert_eq!(used, statement.def.params.len(), "{}", statement.def.name);
+        for def in LOCKS {
+            let used = (1..=9).filter(|n| def.text.contains(&format!("${n}"))).count();
+            assert_eq!(used, def.params.len(), "{}", def.name);
         }
     }
 
     #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
-        for statement in &statements().0 {
-            assert!(!statement.text.contains("updated_at"), "{}", statement.def.name);
-            assert!(!statement.text.contains("clock_timestamp"), "{}", statement.def.name);
+        for (name, text) in &statements().0 {
+            assert!(!text.contains("updated_at"), "{name}");
+            assert!(!text.contains("clock_timestamp"), "{name}");
         }
     }
 
@@ -567,8 +557,8 @@ pub(crate) mod tests {
             ..Tables::from_catalog(None, &shipped()).expect("shipped tables")
         };
         for def in [&ACQUIRE, &ACQUIRE_USER] {
-            let statement = def.fill(&tables);
-            let (insert, update) = statement.text.split_once("ON CONFLICT").expect("an upsert");
+            let text = def.fill(&tables);
+            let (insert, update) = text.split_once("ON CONFLICT").expect("an upsert");
             assert!(insert.contains("busy_turn_ref, \"updated_at\")"), "{insert}");
             assert!(!update.contains("updated_at"), "{update}");
         }
@@ -604,8 +594,8 @@ pub(crate) mod tests {
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().0.name).collect();
         for job in &jobs {
             let (def, params) = job.statement();
-            let statement = statements.get(def).expect("built by the pool");
-            assert_eq!(params.len(), statement.def.params.len(), "{}", statement.def.name);
+            assert!(statements.get(def).is_ok(), "{}", def.name);
+            assert_eq!(params.len(), def.params.len(), "{}", def.name);
         }
         names.sort_unstable();
         names.dedup();
@@ -617,7 +607,7 @@ pub(crate) mod tests {
         for prefix in [None, Some("phoenix_kit")] {
             let tables = Tables::from_catalog(prefix, &shipped()).expect("shipped tables");
             let text = fence(prefix);
-            assert_eq!(text, FENCE.fill(&tables).text);
+            assert_eq!(text, FENCE.fill(&tables));
             assert!(!text.contains('{'), "{text}");
         }
         let used = (1..=9).filter(|n| FENCE.text.contains(&format!("${n}"))).count();
