@@ -96,20 +96,17 @@ pub fn lock_columns(prefix: Option<&str>) -> String {
 /// longer turn ref at the statement, with 22001.
 pub const MAX_REF_CHARS: i64 = crate::args::MAX_REF_BYTES as i64;
 
-/// What the catalog says of the two tables: whether each exists, and the
-/// columns of those that do (the `COLUMNS` statement of `sql.rs`).
+/// What the catalog says of the two tables (the `COLUMNS` statement of
+/// `sql.rs`): each one's columns, `None` for a table that does not exist.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Catalog {
-    pub chats_found: bool,
-    pub users_found: bool,
-    pub columns: Vec<Column>,
+    pub chats: Option<Vec<Column>>,
+    pub users: Option<Vec<Column>>,
 }
 
 /// One column of either table, as the catalog describes it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Column {
-    /// `true` for the chat table, `false` for the user settings table.
-    pub chats: bool,
     pub name: String,
     /// `pg_type.typname`: `timestamptz`, `timestamp`, `uuid`, `text`, …
     pub type_name: String,
@@ -132,17 +129,16 @@ impl Catalog {
     /// The rows of the `COLUMNS` statement: one per column of a table that
     /// exists, one with `found` false (and NULLs) for a table that does not.
     pub fn from_rows(rows: &[Vec<Value>]) -> Result<Self> {
-        let mut catalog = Catalog { chats_found: false, users_found: false, columns: Vec::new() };
+        let mut catalog = Catalog { chats: None, users: None };
         for row in rows {
-            let (chats, found) = (row.bool(0)?, row.bool(1)?);
-            if !found {
+            let table = if row.bool(0)? { &mut catalog.chats } else { &mut catalog.users };
+            if !row.bool(1)? {
                 continue;
             }
-            *if chats { &mut catalog.chats_found } else { &mut catalog.users_found } = true;
+            let columns = table.get_or_insert_with(Vec::new);
             // A table without a single column comes as one row of NULLs.
             let Some(name) = row.text(2)? else { continue };
-            catalog.columns.push(Column {
-                chats,
+            columns.push(Column {
                 name: name.to_owned(),
                 type_name: row.str(3)?.to_owned(),
                 sql_type: row.str(4)?.to_owned(),
@@ -198,16 +194,28 @@ struct Table<'a> {
     name: &'a str,
     /// Its key column: `uuid` for the chat table, `user_uuid` for the other.
     key: &'static str,
-    columns: Vec<&'a Column>,
+    columns: &'a [Column],
 }
 
 impl<'a> Table<'a> {
+    /// The table, or a `Config` error when the catalog did not find it.
+    fn new(name: &'a str, key: &'static str, columns: &'a Option<Vec<Column>>) -> Result<Self> {
+        let columns = columns.as_deref().ok_or_else(|| {
+            Error::config(
+                name,
+                "no such table: create the tables (mix locks.setup, \
+                 or Schema.statements(:tables, …) in a migration)",
+            )
+        })?;
+        Ok(Table { name, key, columns })
+    }
+
     fn error(&self, reason: String) -> Error {
         Error::config(self.name.to_owned(), reason)
     }
 
     fn column(&self, name: &str) -> Result<&'a Column> {
-        self.columns.iter().copied().find(|c| c.name == name).ok_or_else(|| {
+        self.columns.iter().find(|c| c.name == name).ok_or_else(|| {
             self.error(format!(
                 "has no column {name}: add the lock columns \
                  (mix locks.setup --lock-columns, or Schema.statements(:lock_columns, …) in a migration)"
@@ -262,18 +270,15 @@ impl<'a> Table<'a> {
                 since.sql_type
             ))
         })?;
-        let holds_every_ref = match holder.type_name.as_str() {
-            "text" => true,
-            "varchar" => holder.max_chars.is_none_or(|n| n >= MAX_REF_CHARS),
-            _ => {
-                return Err(self.error(format!(
-                    "busy_turn_ref is of type {}: it must be text \
-                     (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)",
-                    holder.sql_type
-                )))
-            }
-        };
-        if !holds_every_ref {
+        if !["text", "varchar"].contains(&holder.type_name.as_str()) {
+            return Err(self.error(format!(
+                "busy_turn_ref is of type {}: it must be text \
+                 (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)",
+                holder.sql_type
+            )));
+        }
+        // A varchar's `n`, if it has one (a text has none).
+        if holder.max_chars.is_some_and(|n| n < MAX_REF_CHARS) {
             return Err(self.error(format!(
                 "busy_turn_ref is of type {}, too short for a ref (up to {MAX_REF_CHARS} bytes): \
                  it must be text or varchar({MAX_REF_CHARS}) or longer \
@@ -301,22 +306,8 @@ impl Tables {
     /// the column and the fix.
     pub fn from_catalog(prefix: Option<&str>, catalog: &Catalog) -> Result<Self> {
         let (chats, users) = table_names(prefix);
-        for (found, table) in [(catalog.chats_found, &chats), (catalog.users_found, &users)] {
-            if !found {
-                return Err(Error::config(
-                    table.clone(),
-                    "no such table: create the tables (mix locks.setup, \
-                     or Schema.statements(:tables, …) in a migration)",
-                ));
-            }
-        }
-        let table = |in_chats: bool, name, key| Table {
-            name,
-            key,
-            columns: catalog.columns.iter().filter(|c| c.chats == in_chats).collect(),
-        };
-        let (chat_table, user_table) =
-            (table(true, &chats, "uuid"), table(false, &users, "user_uuid"));
+        let chat_table = Table::new(&chats, "uuid", &catalog.chats)?;
+        let user_table = Table::new(&users, "user_uuid", &catalog.users)?;
         chat_table.check_key(false)?;
         let chat_now = chat_table.check_lock()?;
         user_table.check_key(true)?;
@@ -393,11 +384,8 @@ pub(crate) mod tests {
     }
 
     fn of<'a>(catalog: &'a mut Catalog, chats: bool, name: &str) -> &'a mut Column {
-        catalog
-            .columns
-            .iter_mut()
-            .find(|c| c.chats == chats && c.name == name)
-            .expect("a shipped column")
+        let table = if chats { &mut catalog.chats } else { &mut catalog.users };
+        table.iter_mut().flatten().find(|c| c.name == name).expect("a shipped column")
     }
 
     #[test]
