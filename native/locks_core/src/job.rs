@@ -6,7 +6,7 @@
 
 use tokio_postgres::types::ToSql;
 
-use crate::outcome::{Busy, HeldLock};
+use crate::outcome::{Busy, HeldLock, LockKind};
 use crate::row::{only, Row, Value};
 use crate::sql::{self, Def};
 use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
@@ -132,8 +132,9 @@ impl Job {
             Job::HeldLocks(..) => Answer::Locks(
                 rows.iter()
                     .map(|row| {
+                        let chat = row.str(0)? == "chat";
                         Ok(HeldLock {
-                            chat: row.str(0)? == "chat",
+                            kind: if chat { LockKind::Chat } else { LockKind::User },
                             id: row.str(1)?.to_owned(),
                             holder: row.str(2)?.to_owned(),
                             since_us: row.int(3)?,

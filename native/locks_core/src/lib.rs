@@ -32,7 +32,7 @@ mod tls;
 pub use args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 pub use error::{Error, Result};
 pub use job::{Answer, Job};
-pub use outcome::{Busy, HeldLock};
+pub use outcome::{Busy, HeldLock, LockKind};
 pub use pool::{Deadline, LockPool};
 pub use row::Value;
 pub use settings::{Prepare, Settings, SslMode};

@@ -24,11 +24,14 @@ impl Busy {
     }
 }
 
-/// A lock taken, as `held_locks/1` lists it.
+/// A lock taken, as `held_locks/1` lists it: the NIF encodes it by derive
+/// (the `nif` feature) as the tuple of its fields, `{kind, id, holder,
+/// since_us, age_s, stale}`.
 #[derive(Clone, Debug, PartialEq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifTuple), rustler(encode))]
 pub struct HeldLock {
-    /// A chat's lock (`true`) or a user's.
-    pub chat: bool,
+    /// A chat's lock or a user's.
+    pub kind: LockKind,
     /// The chat's or the user's uuid, as text.
     pub id: String,
     /// The ref that holds it.
@@ -41,4 +44,14 @@ pub struct HeldLock {
     pub age_s: Option<f64>,
     /// Whether it may be taken over under the TTL asked about.
     pub stale: bool,
+}
+
+/// Whose lock a [`HeldLock`] is: `:chat` or `:user` in Elixir.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum), rustler(encode))]
+pub enum LockKind {
+    /// A chat's: a row of `phoenix_kit_agent_conversations`.
+    Chat,
+    /// A user's: a row of `phoenix_kit_agent_user_settings`.
+    User,
 }

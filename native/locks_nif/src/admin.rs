@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use locks_core::args::{CLICK_REF_PREFIX, MAX_REF_BYTES, MAX_TTL_S};
 use locks_core::{global, schema, Deadline, Job, Settings};
-use rustler::{Atom, Env, NifMap, NifResult};
+use rustler::{Atom, Env, NifMap, NifResult, Term};
 
 use crate::atoms;
 use crate::call::{go, QUEUE};
@@ -30,25 +30,25 @@ fn stop(env: Env<'_>) -> Atom {
     atoms::ok()
 }
 
-fn ddl_text(kind: Atom, prefix: Option<&str>) -> NifResult<String> {
-    if kind == atoms::tables() {
-        Ok(schema::tables(prefix))
-    } else if kind == atoms::lock_columns() {
-        Ok(schema::lock_columns(prefix))
-    } else {
-        Err(rustler::Error::BadArg)
+/// The DDL of `kind`, `:tables` or `:lock_columns`; any other term is a bad argument.
+fn ddl_text(kind: &str, prefix: Option<&str>) -> NifResult<String> {
+    match kind {
+        "tables" => Ok(schema::tables(prefix)),
+        "lock_columns" => Ok(schema::lock_columns(prefix)),
+        _ => Err(rustler::Error::BadArg),
     }
 }
 
 #[rustler::nif]
-fn ddl(kind: Atom, prefix: Option<String>) -> NifResult<String> {
-    ddl_text(kind, prefix.as_deref())
+fn ddl(kind: Term<'_>, prefix: Option<String>) -> NifResult<String> {
+    ddl_text(&kind.atom_to_string()?, prefix.as_deref())
 }
 
 #[rustler::nif(schedule = "DirtyIo")]
-fn setup(kind: Atom) -> NifResult<Atom> {
+fn setup(kind: Term<'_>) -> NifResult<Atom> {
+    let kind = kind.atom_to_string()?;
     let pool = global::current().map_err(raise)?;
-    let ddl = ddl_text(kind, pool.settings().prefix.as_deref())?;
+    let ddl = ddl_text(&kind, pool.settings().prefix.as_deref())?;
     let deadline = Deadline::new(Instant::now(), pool.settings());
     pool.run_ddl(deadline, &ddl).map_err(raise)?;
     Ok(atoms::ok())

@@ -8,6 +8,4 @@ rustler::atoms! {
     config, not_started, connect, pool_timeout, timeout, disconnected, statement,
     // testing: :sandbox's steps (repo.rs)
     columns, run,
-    // held_locks/1 kinds, and DDL kinds
-    chat, user, tables, lock_columns,
 }

@@ -45,13 +45,6 @@ pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
         Answer::Ok => atoms::ok().encode(env),
         Answer::Busy(busy) => (atoms::error(), busy).encode(env),
         Answer::Yes(yes) => yes.encode(env),
-        Answer::Locks(locks) => locks
-            .iter()
-            .map(|lock| {
-                let kind = if lock.chat { atoms::chat() } else { atoms::user() };
-                (kind, &lock.id, &lock.holder, lock.since_us, lock.age_s, lock.stale)
-            })
-            .collect::<Vec<_>>()
-            .encode(env),
+        Answer::Locks(locks) => locks.encode(env),
     }
 }
