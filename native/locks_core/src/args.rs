@@ -65,36 +65,30 @@ impl ToSql for Uuid {
     to_sql_checked!();
 }
 
-/// A ref a `busy_turn_ref` column can hold and compare: 1 to
-/// [`MAX_REF_BYTES`] bytes, no NUL byte.
-fn storable(text: &str) -> bool {
-    (1..=MAX_REF_BYTES).contains(&text.len()) && !text.as_bytes().contains(&0)
-}
-
 /// Whether a ref is a click's.
 pub(crate) fn is_click_ref(text: &str) -> bool {
     text.starts_with(CLICK_REF_PREFIX)
 }
 
-/// A turn's ref: never a click's, so a refusal can tell the two apart.
+/// A ref a `busy_turn_ref` column can hold and compare (1 to
+/// [`MAX_REF_BYTES`] bytes, no NUL byte): a click's when `CLICK` (starting
+/// with [`CLICK_REF_PREFIX`], as `click_ref/0` makes them), else a turn's,
+/// never a click's, so that a refusal can tell the two apart.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TurnRef(pub(crate) String);
+pub struct Ref<const CLICK: bool>(pub(crate) String);
 
-impl TurnRef {
-    /// A turn ref, or `None` for a click's ref or text a `text` column cannot hold.
+/// A turn's ref.
+pub type TurnRef = Ref<false>;
+
+/// A click's ref.
+pub type ClickRef = Ref<true>;
+
+impl<const CLICK: bool> Ref<CLICK> {
+    /// The ref, or `None` for text a `busy_turn_ref` cannot hold, or for a
+    /// ref of the other kind.
     pub fn new(text: &str) -> Option<Self> {
-        (storable(text) && !is_click_ref(text)).then(|| TurnRef(text.to_owned()))
-    }
-}
-
-/// A click's ref, as `click_ref/0` makes them.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClickRef(pub(crate) String);
-
-impl ClickRef {
-    /// A click ref, or `None` for anything that does not start with [`CLICK_REF_PREFIX`].
-    pub fn new(text: &str) -> Option<Self> {
-        (storable(text) && is_click_ref(text)).then(|| ClickRef(text.to_owned()))
+        let storable = (1..=MAX_REF_BYTES).contains(&text.len()) && !text.as_bytes().contains(&0);
+        (storable && is_click_ref(text) == CLICK).then(|| Ref(text.to_owned()))
     }
 }
 
