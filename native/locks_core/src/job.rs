@@ -105,7 +105,7 @@ impl Job {
 
     /// The answer in the rows this job's statement returned, from a pooled
     /// connection or from the host's repo (`row.rs`): the one reading of both.
-    pub(crate) fn answer(&self, rows: &[Vec<Value>]) -> Result<Answer> {
+    pub fn answer(&self, rows: &[Vec<Value>]) -> Result<Answer> {
         Ok(match self {
             Job::Acquire(_, _, turn, ..) => {
                 let row = only(rows)?;

@@ -16,7 +16,7 @@
 use once_cell::sync::OnceCell;
 
 use crate::error::Result;
-use crate::job::{Answer, Job};
+use crate::job::Job;
 use crate::row::Value;
 use crate::schema::{self, Catalog, Tables};
 use crate::sql::{self, Statements};
@@ -36,7 +36,7 @@ pub enum Step {
     /// ([`Repo::columns`] takes its rows); then the call again.
     Columns(String, [String; 2]),
     /// The call's own statement, with the call's arguments as the parameters
-    /// ([`Repo::answer`] reads its rows).
+    /// ([`Job::answer`] reads its rows).
     Run(String),
 }
 
@@ -69,17 +69,12 @@ impl Repo {
         let _ = self.statements.set(Statements::new(&tables));
         Ok(())
     }
-
-    /// `job`'s answer in the rows its [`Step::Run`] statement returned.
-    pub fn answer(&self, job: &Job, rows: &[Vec<Value>]) -> Result<Answer> {
-        job.answer(rows)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Busy;
+    use crate::{Answer, Busy};
 
     #[test]
     fn the_repo_runs_the_pools_statement_text_and_reads_its_rows_as_the_pool_does() {
@@ -97,8 +92,8 @@ mod tests {
         assert_eq!(repo.step(&job).ok(), text.map(Step::Run));
 
         let rows = vec![vec![Value::Bool(false), Value::Text("click:1".into())]];
-        assert_eq!(repo.answer(&job, &rows).ok(), Some(Answer::Busy(Busy::ClickInFlight)));
-        assert_eq!(repo.answer(&keep_user, &[]).ok(), Some(Answer::Yes(false)));
+        assert_eq!(job.answer(&rows).ok(), Some(Answer::Busy(Busy::ClickInFlight)));
+        assert_eq!(keep_user.answer(&[]).ok(), Some(Answer::Yes(false)));
     }
 
     #[test]

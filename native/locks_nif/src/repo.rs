@@ -62,8 +62,9 @@ fn repo_answer<'a>(
     arguments: Term<'a>,
     rows: Vec<Vec<Term<'a>>>,
 ) -> NifResult<Term<'a>> {
-    let answer =
-        current()?.answer(&job(env, function, arguments)?, &values(rows)).map_err(raise)?;
+    // :not_started without the repo mode, as every repo_* call.
+    current()?;
+    let answer = job(env, function, arguments)?.answer(&values(rows)).map_err(raise)?;
     Ok(encode(env, &answer))
 }
 
