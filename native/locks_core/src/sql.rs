@@ -525,13 +525,14 @@ impl Statements {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::schema::tests::shipped;
     use crate::{ClickRef, Hold, Job, Ttl, TurnRef, Uuid};
 
-    fn statements() -> Statements {
-        Statements::new(&Tables::from_catalog(None, &shipped()).expect("shipped tables"))
+    /// The shipped tables, under `prefix`, whose new settings row gets `user_fills`.
+    fn tables(prefix: Option<&str>, user_fills: Vec<(String, &'static str)>) -> Tables {
+        let (chats, users) = table_names(prefix);
+        Tables { chats, users, chat_now: "now()", user_now: "now()", user_fills }
     }
 
     #[test]
@@ -544,7 +545,7 @@ pub(crate) mod tests {
 
     #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
-        for (name, text) in &statements().0 {
+        for (name, text) in &Statements::new(&tables(None, Vec::new())).0 {
             assert!(!text.contains("updated_at"), "{name}");
             assert!(!text.contains("clock_timestamp"), "{name}");
         }
@@ -552,10 +553,7 @@ pub(crate) mod tests {
 
     #[test]
     fn a_new_settings_row_gets_the_fills_and_an_update_never_does() {
-        let tables = Tables {
-            user_fills: vec![("\"updated_at\"".into(), "now()")],
-            ..Tables::from_catalog(None, &shipped()).expect("shipped tables")
-        };
+        let tables = tables(None, vec![("\"updated_at\"".into(), "now()")]);
         for def in [&ACQUIRE, &ACQUIRE_USER] {
             let text = def.fill(&tables);
             let (insert, update) = text.split_once("ON CONFLICT").expect("an upsert");
@@ -566,7 +564,7 @@ pub(crate) mod tests {
 
     /// One job of each function: chat `[1; 16]`, user `[2; 16]`, refs `turn`
     /// and `click:1`, TTL 60, hold 10.
-    pub(crate) fn every_job() -> [Job; 10] {
+    fn every_job() -> [Job; 10] {
         let id = |byte| Uuid::from_bytes(&[byte; 16]).expect("16 bytes");
         let (chat, user) = (id(1), id(2));
         let turn = TurnRef::new("turn").expect("a turn ref");
@@ -590,7 +588,7 @@ pub(crate) mod tests {
     #[test]
     fn every_job_runs_a_statement_of_the_pool_with_as_many_parameters() {
         let jobs = every_job();
-        let statements = statements();
+        let statements = Statements::new(&tables(None, Vec::new()));
         let mut names: Vec<_> = jobs.iter().map(|job| job.statement().0.name).collect();
         for job in &jobs {
             let (def, params) = job.statement();
@@ -605,9 +603,8 @@ pub(crate) mod tests {
     #[test]
     fn the_fence_names_the_tables_as_the_lock_statements_do() {
         for prefix in [None, Some("phoenix_kit")] {
-            let tables = Tables::from_catalog(prefix, &shipped()).expect("shipped tables");
             let text = fence(prefix);
-            assert_eq!(text, FENCE.fill(&tables));
+            assert_eq!(text, FENCE.fill(&tables(prefix, Vec::new())));
             assert!(!text.contains('{'), "{text}");
         }
         let used = (1..=9).filter(|n| FENCE.text.contains(&format!("${n}"))).count();
