@@ -202,10 +202,8 @@ impl LockPool {
         }
         let doubtful: Vec<Pooled> = {
             let mut conns = self.conns();
-            let (keep, doubtful) = std::mem::take(&mut conns.idle)
-                .into_iter()
-                .partition(|idle| idle.conn.answered > sent);
-            conns.idle = keep;
+            let doubtful: Vec<_> =
+                conns.idle.extract_if(.., |idle| idle.conn.answered <= sent).collect();
             conns.open -= 1 + doubtful.len();
             doubtful
         };
