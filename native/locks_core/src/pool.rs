@@ -16,9 +16,10 @@ use crate::schema::{self, Catalog, Tables};
 use crate::settings::{Prepare, Settings};
 use crate::sql::{self, Def, Statements};
 
-/// The one deadline of a call: its caller's start plus
-/// [`Settings::call_timeout`]. Every wait of the call (its place in line,
-/// the connection, the statement, retries) ends by it.
+/// The one deadline of a call: its caller's start plus the longest it may
+/// take, the checkout, connect and statement timeouts together. Every wait
+/// of the call (its place in line, the connection, the statement, retries)
+/// ends by it.
 #[derive(Clone, Copy, Debug)]
 pub struct Deadline {
     at: Instant,
@@ -28,7 +29,8 @@ pub struct Deadline {
 impl Deadline {
     /// The deadline of a call its caller made at `started`.
     pub fn new(started: Instant, settings: &Settings) -> Self {
-        let budget = settings.call_timeout();
+        let ms = settings.checkout_timeout.saturating_add(settings.connect_timeout);
+        let budget = Duration::from_millis(ms.saturating_add(settings.statement_timeout));
         Deadline { at: started + budget, budget }
     }
 

@@ -66,16 +66,6 @@ impl Settings {
     pub fn checkout(&self) -> Duration {
         Duration::from_millis(self.checkout_timeout)
     }
-
-    /// The longest one call may take, from the moment its caller made it:
-    /// waiting for its turn, opening a connection, running the statement.
-    pub fn call_timeout(&self) -> Duration {
-        Duration::from_millis(
-            self.checkout_timeout
-                .saturating_add(self.connect_timeout)
-                .saturating_add(self.statement_timeout),
-        )
-    }
 }
 
 /// How a connection uses TLS: libpq's `sslmode`, spelled as Elixir atoms.
