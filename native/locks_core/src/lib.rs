@@ -19,7 +19,6 @@ mod connect;
 mod error;
 pub mod global;
 mod job;
-mod outcome;
 mod pool;
 pub mod queue;
 pub mod repo;
@@ -31,8 +30,7 @@ mod tls;
 
 pub use args::{ClickRef, Hold, Ttl, TurnRef, Uuid};
 pub use error::{Error, Result};
-pub use job::{Answer, Job};
-pub use outcome::{Busy, HeldLock, LockKind};
+pub use job::{Answer, Busy, HeldLock, Job, LockKind};
 pub use pool::{Deadline, LockPool};
 pub use row::Value;
 pub use settings::{Prepare, Settings, SslMode};
