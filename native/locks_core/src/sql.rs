@@ -536,14 +536,6 @@ mod tests {
     }
 
     #[test]
-    fn every_parameter_has_its_type() {
-        for def in LOCKS {
-            let used = (1..=9).filter(|n| def.text.contains(&format!("${n}"))).count();
-            assert_eq!(used, def.params.len(), "{}", def.name);
-        }
-    }
-
-    #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
         for (name, text) in &Statements::new(&tables(None, Vec::new())).0 {
             assert!(!text.contains("updated_at"), "{name}");
