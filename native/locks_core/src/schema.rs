@@ -71,21 +71,22 @@ pub(crate) fn table_names(prefix: Option<&str>) -> (String, String) {
     }
 }
 
+/// `text` with its `{chats}` and `{users}` naming the tables under `prefix`.
+pub(crate) fn name_tables(text: &str, prefix: Option<&str>) -> String {
+    let (chats, users) = table_names(prefix);
+    text.replace("{chats}", &chats).replace("{users}", &users)
+}
+
 /// The DDL that creates both tables (and the schema `prefix`, when given).
 pub fn tables(prefix: Option<&str>) -> String {
-    let (chats, users) = table_names(prefix);
     let create_schema =
-        prefix.map(quote_ident).map(|schema| format!("CREATE SCHEMA IF NOT EXISTS {schema};\n"));
-    TABLES
-        .replace("{create_schema}", &create_schema.unwrap_or_default())
-        .replace("{chats}", &chats)
-        .replace("{users}", &users)
+        prefix.map(|p| format!("CREATE SCHEMA IF NOT EXISTS {};\n", quote_ident(p)));
+    name_tables(TABLES, prefix).replace("{create_schema}", &create_schema.unwrap_or_default())
 }
 
 /// The DDL that adds only the lock columns to existing tables.
 pub fn lock_columns(prefix: Option<&str>) -> String {
-    let (chats, users) = table_names(prefix);
-    LOCK_COLUMNS.replace("{chats}", &chats).replace("{users}", &users)
+    name_tables(LOCK_COLUMNS, prefix)
 }
 
 /// The characters a `varchar(n)` `busy_turn_ref` must hold: the longest ref

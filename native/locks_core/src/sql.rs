@@ -43,7 +43,7 @@
 use tokio_postgres::types::Type;
 
 use crate::error::{Error, Result};
-use crate::schema::{table_names, Tables};
+use crate::schema::{name_tables, Tables};
 
 /// A statement: its name (the Elixir function that runs it, and the key of
 /// its prepared statement), its text with placeholders, its parameters' types.
@@ -261,8 +261,7 @@ SELECT EXISTS (SELECT 1 FROM usr) AS held",
 /// statement names them). It needs only their names, so it is known before
 /// the tables are read, in either mode.
 pub fn fence(prefix: Option<&str>) -> String {
-    let (chats, users) = table_names(prefix);
-    FENCE.text.replace("{chats}", &chats).replace("{users}", &users)
+    name_tables(FENCE.text, prefix)
 }
 
 /// Re-dates a click's lock as if taken now, only while `$2` still holds it.
@@ -531,7 +530,7 @@ mod tests {
 
     /// The shipped tables, under `prefix`, whose new settings row gets `user_fills`.
     fn tables(prefix: Option<&str>, user_fills: Vec<(String, &'static str)>) -> Tables {
-        let (chats, users) = table_names(prefix);
+        let (chats, users) = crate::schema::table_names(prefix);
         Tables { chats, users, chat_now: "now()", user_now: "now()", user_fills }
     }
 
