@@ -13,12 +13,13 @@ use crate::atoms;
 /// function or arity, an improper list, an argument that breaks its rule) is
 /// a bad argument, and nothing is sent for it.
 pub fn job<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Job> {
-    Ok(job_and_params(env, function, args)?.0)
+    Ok(job_and_terms(env, function, args)?.0)
 }
 
-/// The job, and its statement's parameters: the terms it was decoded from,
-/// in its fields' order (`testing: :sandbox` sends them through the repo).
-pub fn job_and_params<'a>(
+/// The job, and the terms it was decoded from: its tag, then its fields in
+/// their order, which from the second on are its statement's parameters
+/// (`testing: :sandbox` sends them through the repo).
+pub fn job_and_terms<'a>(
     env: Env<'a>,
     function: Term<'a>,
     args: Term<'a>,
@@ -37,7 +38,7 @@ pub fn job_and_params<'a>(
         terms.push(terms[4]);
     }
     let job = Job::decode(make_tuple(env, &terms)).ok().and_then(Job::checked);
-    Ok((job.ok_or(Error::BadArg)?, terms.split_off(1)))
+    Ok((job.ok_or(Error::BadArg)?, terms))
 }
 
 pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {

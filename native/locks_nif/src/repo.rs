@@ -12,7 +12,7 @@ use rustler::{Atom, Encoder, Env, NifResult, Term, TermType};
 
 use crate::atoms;
 use crate::error::raise;
-use crate::locks::{encode, job, job_and_params};
+use crate::locks::{encode, job, job_and_terms};
 
 /// The installed repo mode, replaced by each `repo_start/1`.
 static REPO: RwLock<Option<Arc<Repo>>> = RwLock::new(None);
@@ -41,10 +41,10 @@ fn repo_fence_sql() -> NifResult<String> {
 /// again) or `{:run, sql, params}` (run it, give its rows to `repo_answer/3`).
 #[rustler::nif]
 fn repo_step<'a>(env: Env<'a>, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    let (job, params) = job_and_params(env, function, args)?;
+    let (job, terms) = job_and_terms(env, function, args)?;
     Ok(match current()?.step(&job).map_err(raise)? {
         Step::Columns(text, tables) => (atoms::columns(), text, &tables[..]).encode(env),
-        Step::Run(text) => (atoms::run(), text, params).encode(env),
+        Step::Run(text) => (atoms::run(), text, &terms[1..]).encode(env),
     })
 }
 
