@@ -36,7 +36,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
       node = Node.start!(app_env: [url: TestDB.url(), prefix: schema, pool_size: 10])
       assert {_pid, {:ok, _}} = Node.hello(node)
 
-      workload = %{chats: chats, users: users, workers: 12, ms: 5_000, seed: 20_240_601}
+      workload = %{chats: chats, users: users, workers: 12, ms: 8_000, seed: 20_240_601}
       records = Node.call(node, History, :workload, [workload])
       events = History.history_sql(schema) |> TestDB.query!(psql) |> History.events()
 
