@@ -41,10 +41,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
 
     test "never takes over a turn's lock before the TTL, however short the hold" do
       {_chat, user, turn} = held_turn!(@ttl)
-      backdate!([user: user], @ttl - 1)
+      backdate!([user: user], @ttl - slack())
 
       assert Locks.acquire_user(user, Locks.click_ref(), @ttl, 1) == {:error, :turn_in_flight}
-      assert_lock(:user, user, {turn, @ttl - 1})
+      assert_lock(:user, user, {turn, @ttl - slack()})
     end
 
     test "takes over a turn's lock older than the TTL (its node went down)" do
@@ -70,10 +70,10 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
     test "takes over another click's lock once that click's hold has passed" do
       {user, _click1} = held_click!(@ttl, @hold)
       click2 = Locks.click_ref()
-      backdate!([user: user], @hold - 1)
+      backdate!([user: user], @hold - slack())
       assert Locks.acquire_user(user, click2, @ttl, @hold) == {:error, :click_in_flight}
 
-      backdate!([user: user], 1)
+      backdate!([user: user], slack())
       assert Locks.acquire_user(user, click2, @ttl, @hold) == :ok
       assert_lock(:user, user, {click2, @ttl - @hold})
     end
@@ -83,11 +83,11 @@ defmodule PhoenixKitAgent.Turns.Locks.AcquireUserTest do
       {chat, turn} = {insert_chat!(), turn_ref()}
 
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
-      backdate!([user: user], @hold - 1)
+      backdate!([user: user], @hold - slack())
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
       assert_lock(:chat, chat, {nil, nil})
 
-      backdate!([user: user], 1)
+      backdate!([user: user], slack())
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
       assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
     end

@@ -110,7 +110,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
         user: {turn, @ttl - @lease}
       )
 
-      backdate!([chat: chat, user: user], @lease - 1)
+      backdate!([chat: chat, user: user], @lease - slack())
       assert Locks.keep(chat, user, turn, @ttl, @lease) == true
 
       assert_locks([chat: chat, user: user],
@@ -124,8 +124,8 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       {chat, user, turn} = leased_turn!()
       assert Locks.keep(chat, user, turn, @ttl, @lease) == true
 
-      # Just inside the lease.
-      backdate!([chat: chat, user: user], @lease - 1)
+      # Inside the lease.
+      backdate!([chat: chat, user: user], @lease - slack())
 
       assert Locks.acquire(chat, new_user(), turn_ref("taker"), @ttl) ==
                {:error, :conversation_busy}
@@ -134,7 +134,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       assert Locks.release_stale(chat, user, turn, @ttl) == false
 
       # Past it: stale under the common TTL, and never renewed again.
-      backdate!([chat: chat, user: user], 2)
+      backdate!([chat: chat, user: user], slack() + 1)
       assert Locks.fresh?(chat, turn, @ttl) == false
       assert Locks.keep(chat, user, turn, @ttl, @lease) == false
       taker = turn_ref("taker")

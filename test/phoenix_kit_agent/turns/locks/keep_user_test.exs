@@ -7,8 +7,8 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
   describe "keep_user/4" do
     test "re-dates the click's lock as if taken now and answers true, whatever the letter case of the uuid" do
       {user, click} = held_click!(@ttl, @hold)
-      backdate!([user: user], @hold - 1)
-      assert_lock(:user, user, {click, @ttl - 1})
+      backdate!([user: user], @hold - slack())
+      assert_lock(:user, user, {click, @ttl - slack()})
 
       assert Locks.keep_user(String.upcase(user), click, @ttl, @hold) == true
       assert_lock(:user, user, {click, @ttl - @hold})
@@ -24,14 +24,14 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepUserTest do
     test "keeps blocking a turn for hold_s after each keep" do
       {user, click} = held_click!(@ttl, @hold)
       {chat, turn} = {insert_chat!(), turn_ref()}
-      backdate!([user: user], @hold - 1)
+      backdate!([user: user], @hold - slack())
 
       assert Locks.keep_user(user, click, @ttl, @hold) == true
-      # Without the keep the lock would now be @ttl + @hold - 2 seconds old.
-      backdate!([user: user], @hold - 1)
+      # Without the keep the lock would now be @ttl + @hold - 2 × slack() seconds old.
+      backdate!([user: user], @hold - slack())
       assert Locks.acquire(chat, user, turn, @ttl) == {:error, :click_in_flight}
 
-      backdate!([user: user], 1)
+      backdate!([user: user], slack())
       assert Locks.acquire(chat, user, turn, @ttl) == :ok
     end
 
