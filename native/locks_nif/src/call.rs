@@ -2,6 +2,7 @@
 //! protocol that `locks_core::queue` states, and a waiter's [`Reply`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Sender};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -73,9 +74,31 @@ struct Callers;
 impl Resource for Callers {
     const IMPLEMENTS_DOWN: bool = true;
 
+    /// The VM calls this holding the dead process's locks, while a call that
+    /// holds the queue may be sending that process its go, waiting for those
+    /// locks: the queue is taken by the reaper instead (here only if the OS
+    /// gives it no thread).
     fn down<'a>(&'a self, env: Env<'a>, pid: LocalPid, _monitor: Monitor) {
-        QUEUE.gone(&pid, go(env));
+        if reaper().is_none_or(|reaper| reaper.send(pid).is_err()) {
+            QUEUE.gone(&pid, go(env));
+        }
     }
+}
+
+/// A thread of its own that takes the dead out of the queue, sending the go
+/// of each slot that frees from no process.
+fn reaper() -> Option<&'static Sender<LocalPid>> {
+    static REAPER: OnceLock<Option<Sender<LocalPid>>> = OnceLock::new();
+    let start = || {
+        let (reaper, dead) = mpsc::channel::<LocalPid>();
+        let go = |pid: &LocalPid, _: &Waiter| {
+            let _ = OwnedEnv::new().send_and_clear(pid, |env| Reply::Go.encode(env));
+        };
+        let thread = std::thread::Builder::new().name("locks-reaper".into());
+        thread.spawn(move || dead.iter().for_each(|pid| QUEUE.gone(&pid, go))).ok()?;
+        Some(reaper)
+    };
+    REAPER.get_or_init(start).as_ref()
 }
 
 fn callers() -> &'static ResourceArc<Callers> {
