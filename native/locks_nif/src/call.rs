@@ -52,14 +52,17 @@ fn send(env: Env<'_>, pid: LocalPid, reply: Reply, ticket: Option<u64>) {
         return;
     }
     let _ = std::thread::Builder::new().spawn(move || {
-        let send = || {
-            let _ = OwnedEnv::new().send_and_clear(&pid, |env| reply.encode(env));
-        };
+        let send = || post(&pid, &reply);
         match ticket {
             Some(ticket) => QUEUE.if_held(&pid, |w| w.ticket == ticket, send),
             None => send(),
         }
     });
+}
+
+/// Sends `pid` its reply from a thread that is no process.
+fn post(pid: &LocalPid, reply: &Reply) {
+    let _ = OwnedEnv::new().send_and_clear(pid, |env| reply.encode(env));
 }
 
 /// Sends a caller handed a slot its go (`admin.rs` too: a new pool, a stop).
@@ -91,9 +94,7 @@ fn reaper() -> Option<&'static Sender<LocalPid>> {
     static REAPER: OnceLock<Option<Sender<LocalPid>>> = OnceLock::new();
     let start = || {
         let (reaper, dead) = mpsc::channel::<LocalPid>();
-        let go = |pid: &LocalPid, _: &Waiter| {
-            let _ = OwnedEnv::new().send_and_clear(pid, |env| Reply::Go.encode(env));
-        };
+        let go = |pid: &LocalPid, _: &Waiter| post(pid, &Reply::Go);
         let thread = std::thread::Builder::new().name("locks-reaper".into());
         thread.spawn(move || dead.iter().for_each(|pid| QUEUE.gone(&pid, go))).ok()?;
         Some(reaper)
