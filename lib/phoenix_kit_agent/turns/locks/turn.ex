@@ -5,8 +5,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   are the runner's. `PhoenixKitAgent.Turns.Locks.lost?/1` reads its lease.
 
   One keeper per turn (this module's GenServer, under `Locks.Keepers`) takes
-  the locks for the caller, renews them every `lease_s / 3` (each `keep/5` in
-  a process of its own: a database that does not answer never holds it up)
+  the locks for the caller (the `acquire/5` in a process of its own, which
+  releases once it returned if the keeper was killed meanwhile), renews them
+  every `lease_s / 3` (each `keep/5` in a process of its own: a database
+  that does not answer never holds it up)
   and releases them when the turn ends or its caller dies. The lease is
   trusted until `lease_s` less 2 % after the sending of the last renewal the
   database confirmed, on the node's monotonic clock (why no taker comes first:
@@ -166,7 +168,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   def handle_call(:acquire, _from, %{turn: turn} = state) do
     sent = now()
 
-    case attempt(turn, :acquire, 5) do
+    case acquire(turn) do
       :ok ->
         :atomics.put(turn.lease, @deadline, trusted_until(turn, sent))
         :atomics.put(turn.lease, @phase, @running)
@@ -205,6 +207,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   def handle_info({:DOWN, _, :process, caller, _}, %{turn: %{caller: caller}} = state) do
     cas(state.turn.lease, @phase, @running, @ended)
     {:stop, :normal, close(state)}
+  end
+
+  # The acquire, in a process of its own: the statement of a killed process
+  # still runs, so it outlives a killed keeper, whose successor may release
+  # before it commits; who finds the keeper dead once it returned releases.
+  defp acquire(turn) do
+    keeper = self()
+
+    {_, ref} =
+      spawn_monitor(fn ->
+        Locks.Sandbox.allow(turn.caller)
+        result = attempt(turn, :acquire, 5)
+        if Process.alive?(keeper), do: exit({:acquired, result})
+        close(%{turn: turn, held: true})
+      end)
+
+    receive do
+      {:DOWN, ^ref, :process, _, {:acquired, result}} -> result
+      {:DOWN, ^ref, :process, _, reason} -> exit(reason)
+    end
   end
 
   # A renewal's answer. false: the lease expired, or a lock was taken over.
