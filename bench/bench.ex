@@ -34,8 +34,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   transaction control one call of each function costs on the server
   (`Bench.StatementCounter`, pg_stat_statements under a role of its own;
   without it, `pg_stat_database.xact_commit` deltas), and `overhead` times
-  the steps of one `held?/3` serially (the queue's `take/3` refusing a bad
-  argument, then a whole call's NIFs, then the public call).
+  the steps of one `held?/3` serially (the NIF's `run/3` refusing a bad
+  argument, then a whole call's NIF, then the public call).
 
   The statement texts pgbench runs are read off the wire (`Bench.Wire`):
   a pool of the bench's own runs each public call once through a proxy that
@@ -1323,19 +1323,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     bytes = fn uuid -> Base.decode16!(String.replace(uuid, "-", ""), case: :mixed) end
     {cb, ub} = {bytes.(c), bytes.(u)}
 
-    # The steps: a NIF call that does nothing; take/3 refusing its argument
-    # (decoding, no slot); a whole call's NIFs; the public call.
+    # The steps: a NIF call that does nothing; run/3 refusing its argument
+    # (decoding, no slot); a whole call's NIF; the public call.
     rows = [
       {"normal-scheduler NIF, no work (Native.loaded/0)", time.(fn -> Native.loaded() end)},
-      {"Native.take/3 that rejects its argument (a normal-scheduler NIF, no slot taken)",
+      {"Native.run/3 that rejects its argument (a dirty-I/O NIF, no slot taken)",
        time.(fn ->
          try do
-           Native.take(System.monotonic_time(:nanosecond), :held?, ["not-a-uuid", ub, r])
+           Native.run(System.monotonic_time(:nanosecond), :held?, ["not-a-uuid", ub, r])
          rescue
            ArgumentError -> :ok
          end
        end)},
-      {"Locks.call/3 of held? (take/3, then run/0: the slot, pool, statement, reply)",
+      {"Locks.call/3 of held? (run/3: the slot, pool, statement, reply)",
        time.(fn -> true = Locks.call(:held?, System.monotonic_time(:nanosecond), [cb, ub, r]) end)},
       {"Locks.held?/3 (adds the Elixir argument checks and the span)",
        time.(fn -> true = Locks.held?(c, u, r) end)}

@@ -345,7 +345,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   # each, `{answer, ended, mailbox}`: `Race.attempt/2`'s value, when the call
   # returned (monotonic, microseconds) and what was left in the caller's
   # mailbox. Any caller can be killed (`kill/1`): its answer is then
-  # `:killed`. `hold_slot/0` waits in line for a slot (with `Native.take/3`,
+  # `:killed`. `hold_slot/0` waits in line for a slot (with `Native.run/3`,
   # as `Locks.call/3` does), and never starts one it is handed.
 
   alias PhoenixKitAgent.Turns.Locks
@@ -356,7 +356,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     collector = self_collector()
     first = call(collector, 0, first)
     # Its statement sent: it runs on a dirty-I/O scheduler, not just holds a slot.
-    running = {:current_function, {Locks.Native, :run, 0}}
+    running = {:current_function, {Locks.Native, :run, 3}}
     :ok = Faults.until(fn -> Process.info(first, :current_function) == running end, 10_000)
 
     for {call, i} <- Enum.with_index(queued, 1) do
@@ -373,9 +373,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     :ok
   end
 
-  # `take_slot/0` takes a free slot by `Native.take/3` and never starts it.
-  def take_slot, do: park(fn stamp -> :ok = Locks.Native.take(stamp, :held?, held_args()) end)
-
   # A call stamped far in the future (by `Locks.call/3` itself), while the
   # slots are held: what it raised, and what is left in this mailbox.
   def future_call do
@@ -391,7 +388,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   end
 
   def hold_slot,
-    do: park(fn stamp -> {:wait, _ms} = Locks.Native.take(stamp, :held?, held_args()) end)
+    do: park(fn stamp -> {:wait, _ms} = Locks.Native.run(stamp, :held?, held_args()) end)
 
   defp held_args, do: [<<1::128>>, <<2::128>>, "parked"]
 
@@ -452,20 +449,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     end
   end
 
-  # From now on, records whether caller `i` calls `Native.function/0` (`:leave`:
+  # From now on, records whether caller `i` calls `Native.function` (`:leave`:
   # its checkout deadline passed; `:run`: it ran its own call);
   # `until_called/0` waits (10 s at most) until it has, `called?/0` tells.
   def watch_call(i, function) do
     watcher = spawn(fn -> call_watch(false) end)
     Process.register(watcher, Module.concat(__MODULE__, CallWatch))
-    :erlang.trace_pattern({Locks.Native, function, 0}, true, [:global])
+    :erlang.trace_pattern({Locks.Native, function, :_}, true, [:global])
     1 = :erlang.trace(Process.whereis(name(i)), true, [:call, {:tracer, watcher}])
     :ok
   end
 
   defp call_watch(called) do
     receive do
-      {:trace, _, :call, {Locks.Native, _, []}} -> call_watch(true)
+      {:trace, _, :call, {Locks.Native, _, _}} -> call_watch(true)
       {:called?, from} -> send(from, {:called?, called}) && call_watch(called)
     end
   end

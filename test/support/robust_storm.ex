@@ -13,7 +13,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   #
   # `killed_in_run/1`: long-lived callers loop on held?/3 (a 1 ms checkout:
   # slots are often handed at a waiter's deadline) while a killer kills every
-  # caller it finds inside run/0 and starts another: the end of each such
+  # caller it finds inside run/3 and starts another: the end of each such
   # call hands the slot on from a dead process (its go sent by a thread of
   # its own, call.rs's `send/4`), and runs nothing from the line.
   # Counts each outcome and every message a caller finds after a call.
@@ -192,7 +192,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
     send(parent, {:cycled, done})
   end
 
-  ## Killed inside run/0
+  ## Killed inside run/3
 
   def killed_in_run(opts) do
     ms = Keyword.get(opts, :ms, 10_000)
@@ -212,7 +212,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
       kills =
         Enum.reduce(:ets.tab2list(table), kills, fn {pid}, kills ->
           case Process.info(pid, :current_function) do
-            {:current_function, {_, :run, 0}} ->
+            {:current_function, {_, :run, 3}} ->
               Process.exit(pid, :kill)
               :ets.delete(table, pid)
               :ets.insert(table, {looper(me, until)})
@@ -289,7 +289,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
 
   defp stale_loop(until, counts) do
     if System.monotonic_time(:millisecond) < until do
-      # A stamp older than any checkout timeout: take/3 finds the deadline gone.
+      # A stamp older than any checkout timeout: run/3 finds the deadline gone.
       start = System.monotonic_time(:nanosecond) - 3_600_000_000_000
       args = [<<:rand.uniform(1_000_000_000_000)::128>>, <<1::128>>, "stale"]
 

@@ -428,29 +428,29 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc false
   # The NIF calls of one lock call, by the protocol of native/locks_core/src/queue.rs:
-  # a slot now, or a place in line until the caller's reply or its deadline.
+  # its answer with a slot, or a place in line until the caller's reply or its deadline.
   def call(function, start, args) do
-    case Native.take(start, function, args) do
-      :ok -> Native.run()
-      {:wait, ms} -> await(ms, nil)
+    case Native.run(start, function, args) do
+      {:wait, ms} -> await(ms, nil, fn -> call(function, start, args) end)
+      answer -> answer
     end
   end
 
   # The one receive of a caller in line (`left`: the exception to raise once it
   # has left at its deadline, when a go handed as it left may be here; `:taken`:
   # its call was taken from the line, and its answer comes by the call's deadline).
-  defp await(ms, left) do
+  defp await(ms, left, go) do
     receive do
       {:phoenix_kit_agent_locks, _go} when left != nil -> raise left
-      {:phoenix_kit_agent_locks, :go} -> Native.run()
+      {:phoenix_kit_agent_locks, :go} -> go.()
       {:phoenix_kit_agent_locks, {:ok, answer}} -> answer
       {:phoenix_kit_agent_locks, {:error, error}} -> raise error
     after
       ms ->
         case left || Native.leave() do
-          :taken -> await(:infinity, nil)
+          :taken -> await(:infinity, nil, go)
           ^left -> raise left
-          error -> await(0, error)
+          error -> await(0, error, go)
         end
     end
   end

@@ -4,19 +4,21 @@
 //! freely, calls to a hung database would hold them all, and the VM's file
 //! I/O with them. So a call runs only with one of `limit` **slots**, one per
 //! pooled connection. A **caller** (a process) without one waits in the
-//! **line** with its call, on a normal scheduler, until it is sent its
+//! **line** with its call, off the dirty schedulers, until it is sent its
 //! **reply** or its **deadline** (its stamp plus the checkout timeout)
 //! passes. A caller is **watched** (the NIF's monitor of the process) from
 //! its first call until it dies.
 //!
-//! 1. [`Queue::take`], on a normal scheduler: a slot while one is free and
-//!    nobody waits (the caller runs its call at once, on a dirty-I/O
-//!    scheduler), else a place at the end of the line, with its call.
-//! 2. [`Queue::start`] as a call begins. When it ends, [`Queue::finish`]:
-//!    the call that ended takes the first call in line and runs it on its
-//!    own slot and thread, its reply the answer ([`RUN_NEXT`] calls at
-//!    most); then the slot goes to the first in line, whose reply is **go**:
-//!    it runs its own call. So most waiters are woken once, by their answer.
+//! 1. [`Queue::take`], in the call's one NIF call on a dirty-I/O scheduler: a
+//!    slot while one is free and nobody waits, and the call runs on that
+//!    thread at once; else a place at the end of the line, with its call, and
+//!    the NIF returns at once, having done no I/O.
+//! 2. When a call ends, [`Queue::finish`]: the call that ended takes the
+//!    first call in line and runs it on its own slot and thread, its reply
+//!    the answer ([`RUN_NEXT`] calls at most); then the slot goes to the
+//!    first in line, whose reply is **go**: it makes its call again, and
+//!    `take` finds the slot its own. So most waiters are woken once, by
+//!    their answer.
 //! 3. At its deadline, a caller still waiting leaves ([`Queue::leave`]) the
 //!    line, or gives back the slot handed to it (its go is in its mailbox or
 //!    never comes); else its call was taken: its answer comes, by its deadline.
@@ -33,7 +35,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// caller's answer wait one more statement, and saves a dirty-I/O call.
 pub const RUN_NEXT: usize = 8;
 
-/// What the queue holds: slots, calls running, slots held unstarted, callers in line.
+/// What the queue holds: slots, calls running, slots handed and not yet taken, callers in line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub struct Counts {
@@ -89,39 +91,31 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         }
     }
 
-    /// `true`: `key` holds a slot for `call` (taken now while one is free and
-    /// nobody waits, or before); `false`: it waits in line with `call` (where
-    /// it was, if it was). Not yet watched, it is first: if `watch` fails (it
-    /// is dead), it is in neither.
-    pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool) -> bool {
+    /// `Some(call)`: `key` runs `call` now, with a slot: one free while
+    /// nobody waits, or the one handed to it. `None`: it waits in line with
+    /// `call` (where it was, if it was). Not yet watched, it is first: if
+    /// `watch` fails (it is dead), it is in neither.
+    pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool) -> Option<W> {
         let mut state = self.lock();
-        if let Some((_, held)) = state.held.iter_mut().find(|(k, _)| *k == key) {
-            *held = call;
-            return true;
+        if let Some(i) = state.held.iter().position(|(k, _)| *k == key) {
+            state.held.swap_remove(i);
+            state.running += 1;
+            return Some(call);
         }
         if let Some((_, waiting)) = state.line.iter_mut().find(|(k, _)| *k == key) {
             *waiting = call;
-            return false;
+            return None;
         }
         if !state.watched.contains(&key) && !watch() {
-            return false;
+            return None;
         }
         state.watched.insert(key);
-        let free = state.line.is_empty() && state.used() < state.limit;
-        if free {
-            state.held.push((key, call));
-        } else {
-            state.line.push_back((key, call));
+        if state.line.is_empty() && state.used() < state.limit {
+            state.running += 1;
+            return Some(call);
         }
-        free
-    }
-
-    /// Starts the slot `key` holds: its call back, or `None` if it holds none.
-    pub fn start(&self, key: &K) -> Option<W> {
-        let mut state = self.lock();
-        let i = state.held.iter().position(|(k, _)| k == key)?;
-        state.running += 1;
-        Some(state.held.swap_remove(i).1)
+        state.line.push_back((key, call));
+        None
     }
 
     /// A started call has ended. With `take`, the first call in line is taken
@@ -160,8 +154,8 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         self.leave(key, go);
     }
 
-    /// Runs `f` with the queue locked if `key` still holds, unstarted, the slot
-    /// handed for a call that `was` knows: a go sent late is for that slot only.
+    /// Runs `f` with the queue locked if `key` still holds, not yet taken, the
+    /// slot handed for a call that `was` knows: a go sent late is for that slot only.
     pub fn if_held(&self, key: &K, was: impl Fn(&W) -> bool, f: impl FnOnce()) {
         let state = self.lock();
         if state.held.iter().any(|(k, w)| k == key && was(w)) {

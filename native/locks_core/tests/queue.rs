@@ -30,14 +30,13 @@ fn queue(limit: usize) -> Q {
     queue
 }
 
-/// `who` takes a free slot and starts it.
+/// `who` takes a slot (a free one, or the one handed to it) and runs its call.
 fn run(queue: &Q, who: &'static str) {
-    assert!(queue.take(who, who, || true), "{who} should find a free slot");
-    assert_eq!(queue.start(&who), Some(who));
+    assert_eq!(queue.take(who, who, || true), Some(who), "{who} should find a slot");
 }
 
 fn wait(queue: &Q, who: &'static str) {
-    assert!(!queue.take(who, who, || true), "{who} should wait");
+    assert_eq!(queue.take(who, who, || true), None, "{who} should wait");
 }
 
 fn counts(limit: usize, running: usize, held: usize, waiting: usize) -> Counts {
@@ -48,26 +47,21 @@ fn counts(limit: usize, running: usize, held: usize, waiting: usize) -> Counts {
 fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
     let queue = queue(2);
     run(&queue, "a");
-    assert!(queue.take("b", "b", || true));
-    // A caller keeps the slot it holds, and its one place in line; its
-    // latest call is the one it holds them for.
-    assert!(queue.take("b", "b-2", || true));
+    run(&queue, "b");
     wait(&queue, "c");
-    assert!(!queue.take("c", "c-2", || true));
-    assert_eq!(queue.counts(), counts(2, 1, 1, 1));
-    // A caller that holds no slot starts none.
-    assert_eq!(queue.start(&"c"), None);
-    assert_eq!(queue.start(&"b"), Some("b-2"));
+    // A caller keeps its one place in line; its latest call is the one in it.
+    assert_eq!(queue.take("c", "c-2", || true), None);
+    assert_eq!(queue.counts(), counts(2, 2, 0, 1));
     assert_eq!(queue.leave(&"c", |_, _| {}), Some("c-2"));
 }
 
 #[test]
 fn a_caller_that_cannot_be_watched_takes_nothing() {
     let queue = queue(1);
-    assert!(!queue.take("a", "a", || false));
+    assert_eq!(queue.take("a", "a", || false), None);
     assert_eq!(queue.counts(), counts(1, 0, 0, 0));
     run(&queue, "b");
-    assert!(!queue.take("c", "c", || false));
+    assert_eq!(queue.take("c", "c", || false), None);
     assert_eq!(queue.counts(), counts(1, 1, 0, 0));
 }
 
@@ -80,10 +74,11 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     wait(&queue, "c");
     assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["b"]);
-    // The slot is b's until b starts it or leaves: d waits behind c.
+    // The slot is b's until b takes it or leaves: d waits behind c.
     wait(&queue, "d");
     assert_eq!(queue.counts(), counts(1, 0, 1, 2));
-    assert_eq!(queue.start(&"b"), Some("b"));
+    // b's call again (after its go): its own slot, with the call it makes now.
+    assert_eq!(queue.take("b", "b-2", || true), Some("b-2"));
     assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
 }
@@ -102,7 +97,7 @@ fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
 }
 
 #[test]
-fn a_slot_given_back_unstarted_goes_to_the_next_in_line_at_once() {
+fn a_slot_given_back_before_it_is_taken_goes_to_the_next_in_line_at_once() {
     // A caller that died holding it, or was handed it as its deadline passed.
     let queue = queue(1);
     let told = Told::default();
@@ -130,7 +125,7 @@ fn closing_hands_the_line_its_slots_and_nothing_more() {
     assert_eq!(queue.counts(), counts(0, 1, 2, 0));
     assert_eq!(queue.finish(false, told.go()), None);
     for who in ["b", "c"] {
-        assert_eq!(queue.start(&who), Some(who));
+        run(&queue, who);
         assert_eq!(queue.finish(false, told.go()), None);
     }
     wait(&queue, "d");
@@ -178,13 +173,13 @@ fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
     // Without taking, the slot goes to c; with the line empty, taking frees it.
     assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
-    assert_eq!(queue.start(&"c"), Some("c"));
+    run(&queue, "c");
     assert_eq!(queue.finish(true, told.go()), None);
     assert_eq!(queue.counts(), counts(1, 0, 0, 0));
 }
 
 #[test]
-fn a_late_go_is_sent_only_for_the_slot_it_is_about_while_unstarted() {
+fn a_late_go_is_sent_only_for_the_slot_it_is_about_until_it_is_taken() {
     let queue = queue(1);
     let told = Told::default();
     let sent = RefCell::new(Vec::new());
@@ -193,19 +188,20 @@ fn a_late_go_is_sent_only_for_the_slot_it_is_about_while_unstarted() {
     };
     run(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
-    assert!(!queue.take("a", "a-1", || true));
+    assert_eq!(queue.take("a", "a-1", || true), None);
     assert_eq!(queue.finish(false, told.go()), None);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
     assert_eq!(queue.leave(&"a", told.go()), Some("a-1"));
     run(&queue, "c");
-    assert!(!queue.take("a", "a-2", || true));
+    assert_eq!(queue.take("a", "a-2", || true), None);
     assert_eq!(queue.finish(false, told.go()), None);
     assert_eq!(told.take(), ["a", "a"]);
     // The first handing's late go finds the second, and is not sent.
     late("a-1");
     late("a-2");
-    assert_eq!(queue.start(&"a"), Some("a-2"));
+    // a takes the slot: a go sent late for it now is not sent either.
+    assert_eq!(queue.take("a", "a-3", || true), Some("a-3"));
     late("a-2");
     assert_eq!(*sent.borrow(), ["a-2"]);
 }
@@ -217,16 +213,16 @@ fn a_caller_is_watched_from_its_first_call_until_it_is_gone() {
     run(&queue, "a");
     assert_eq!(queue.finish(false, told.go()), None);
     // a's next call: a is watched already.
-    assert!(queue.take("a", "a", || panic!("a is watched already")));
-    assert_eq!(queue.start(&"a"), Some("a"));
+    assert_eq!(queue.take("a", "a", || panic!("a is watched already")), Some("a"));
     // b dies in line: it leaves, and is watched anew when it comes back.
     wait(&queue, "b");
     queue.gone(&"b", told.go());
     assert_eq!(queue.counts(), counts(1, 1, 0, 0));
     let watched = Cell::new(false);
-    assert!(!queue.take("b", "b", || {
+    let taken = queue.take("b", "b", || {
         watched.set(true);
         true
-    }));
+    });
+    assert_eq!(taken, None);
     assert!(watched.get());
 }

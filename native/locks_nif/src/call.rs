@@ -1,5 +1,5 @@
-//! How one lock call runs: the NIFs `take/3`, `run/0` and `leave/0` of the
-//! protocol that `locks_core::queue` states, and a waiter's [`Reply`].
+//! How one lock call runs: the NIFs `run/3` and `leave/0` of the protocol
+//! that `locks_core::queue` states, and a waiter's [`Reply`].
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
@@ -25,7 +25,7 @@ pub struct Waiter {
 }
 
 /// The one message a caller in line gets, `{:phoenix_kit_agent_locks, reply}`:
-/// `:go` (a slot is its own: it runs its call by `run/0`), or the outcome of
+/// `:go` (a slot is its own: it runs its call by `run/3` again), or the outcome of
 /// its call taken from the line, `{:ok, answer}` or `{:error, exception}`.
 enum Reply {
     Go,
@@ -125,22 +125,6 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
     Deadline::new(started, settings)
 }
 
-/// The call decoded (a bad argument takes nothing), then a slot (`:ok`) or a
-/// place in line (`{:wait, ms}`, `ms` to the deadline; 0 without a pool).
-#[rustler::nif]
-fn take<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
-    let job = job(env, function, args)?;
-    static TICKETS: AtomicU64 = AtomicU64::new(0);
-    let (pid, ticket) = (env.pid(), TICKETS.fetch_add(1, Ordering::Relaxed));
-    let watch = || env.monitor(callers(), &pid).is_some();
-    if QUEUE.take(pid, Waiter { ticket, start, job }, watch) {
-        return Ok(atoms::ok().encode(env));
-    }
-    let checkout = global::current().map_or(Duration::ZERO, |pool| pool.settings().checkout());
-    let left = checkout.saturating_sub(since(start)).as_nanos().div_ceil(1_000_000);
-    Ok((atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env))
-}
-
 /// At the deadline: out of the line, or the slot handed just now goes back
 /// (its go in the mailbox or never sent), and the exception to raise
 /// (`:pool_timeout`, `:not_started`); or `:taken`: the call's reply comes.
@@ -156,11 +140,21 @@ fn leave(env: Env<'_>) -> Term<'_> {
     .encode(env)
 }
 
-/// Runs the caller's call with its slot, freed on every path out; a caller
-/// that holds none (it did not `take/3` one) gets `ArgumentError`.
+/// The call decoded (a bad argument takes nothing), then run with a slot,
+/// freed on every path out: a free one while nobody waits, or the one
+/// handed to the caller (its go); else a place in line, answered at once
+/// `{:wait, ms}`, `ms` to the deadline (0 without a pool).
 #[rustler::nif(schedule = "DirtyIo")]
-fn run(env: Env<'_>) -> NifResult<Term<'_>> {
-    let waiter = QUEUE.start(&env.pid()).ok_or(rustler::Error::BadArg)?;
+fn run<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
+    let job = job(env, function, args)?;
+    static TICKETS: AtomicU64 = AtomicU64::new(0);
+    let (pid, ticket) = (env.pid(), TICKETS.fetch_add(1, Ordering::Relaxed));
+    let watch = || env.monitor(callers(), &pid).is_some();
+    let Some(waiter) = QUEUE.take(pid, Waiter { ticket, start, job }, watch) else {
+        let checkout = global::current().map_or(Duration::ZERO, |pool| pool.settings().checkout());
+        let left = checkout.saturating_sub(since(start)).as_nanos().div_ceil(1_000_000);
+        return Ok((atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env));
+    };
     let mut slot = Slot { env, own: None };
     let pool = global::current().map_err(raise)?;
     let own = deadline(waiter.start, pool.settings());

@@ -41,9 +41,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
 
   # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
   # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).
-  def take(_start, _function, _args), do: :erlang.nif_error(not_loaded())
+  def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
   def leave, do: :erlang.nif_error(not_loaded())
-  def run, do: :erlang.nif_error(not_loaded())
   def status, do: :erlang.nif_error(not_loaded())
   def functions, do: :erlang.nif_error(not_loaded())
 

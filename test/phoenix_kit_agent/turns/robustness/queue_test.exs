@@ -179,27 +179,18 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
   end
 
-  test "a caller that took a free slot by take/3 and is killed before it starts it frees it " <>
-         "at once",
-       %{app: app} do
-    node = node!(app, checkout_timeout: 10_000)
-    holder = Node.call(node, Queue, :take_slot, [])
-    assert %{running: 1, waiting: 0} = status(node)
-
-    kill_frees_slot!(node, holder)
-    assert Node.call(node, Locks, :held?, [TestDB.uuid(), TestDB.uuid(), "t"]) == false
-  end
-
   test "a caller whose stamp is from the future waits in line no longer than checkout_timeout",
-       %{app: app} do
+       %{chats: [x | _], app: app} do
     node = node!(app, checkout_timeout: 100)
-    holder = Node.call(node, Queue, :take_slot, [])
+    # The one slot runs a call that waits for x's row.
+    blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]}])
 
     assert {%Error{reason: :pool_timeout}, {:messages, []}} =
              Node.call(node, Queue, :future_call, [])
 
     assert %{running: 1, waiting: 0} = status(node)
-    kill_frees_slot!(node, holder)
+    TestDB.query!("COMMIT", blocker)
+    assert [{{:ok, :ok}, _, []}] = answers(node, 1)
   end
 
   test "a call whose caller is killed while it runs ends, and the callers in line behind it " <>
@@ -280,7 +271,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert [{{:raised, %Error{reason: :disconnected}}, _, []}, {{:ok, :ok}, _, []}] =
              answers(node, 2)
 
-    # b ran its own call (Native.run/0): a's failed one ran nothing for it.
+    # b ran its own call (Native.run/3 after its go): a's failed one ran nothing for it.
     assert Node.call(node, Queue, :called?, []), "b's call was run by a's failed one"
     TestDB.close(blocker)
   end
@@ -308,7 +299,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
              {{:ok, true}, _, []}
            ] = answers(node, 3)
 
-    # c ran its own call (Native.run/0): a's ran nothing after b's failed.
+    # c ran its own call (Native.run/3 after its go): a's ran nothing after b's failed.
     assert Node.call(node, Queue, :called?, []), "a's call ran c's after b's had failed"
     TestDB.close(second)
   end

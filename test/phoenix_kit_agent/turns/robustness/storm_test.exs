@@ -23,7 +23,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.StormTest do
     node
   end
 
-  # A stamp goes stale before take/3 when the caller is descheduled, or a
+  # A stamp goes stale before run/3 when the caller is descheduled, or a
   # handler of the call's :start event takes longer than the checkout
   # timeout; the scenario makes it certain with a stamp an hour old.
   @tag :slow
