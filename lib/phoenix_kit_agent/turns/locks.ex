@@ -427,8 +427,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc false
-  # The NIF calls of one lock call, by the protocol of native/locks_core/src/queue.rs:
-  # its answer with a slot, or a place in line until the caller's reply or its deadline.
+  # One lock call, by the protocol of native/locks_core/src/queue.rs.
   def call(function, start, args) do
     case Native.run(start, function, args) do
       {:wait, ms} -> await(ms, nil, fn -> call(function, start, args) end)
@@ -436,9 +435,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
     end
   end
 
-  # The one receive of a caller in line (`left`: the exception to raise once it
-  # has left at its deadline, when a go handed as it left may be here; `:taken`:
-  # its call was taken from the line, and its answer comes by the call's deadline).
+  # The one receive of a caller in line (`left`: the exception to raise once it left
+  # at its deadline, when a go handed as it left may be here; `:taken`: its answer comes).
   defp await(ms, left, go) do
     receive do
       {:phoenix_kit_agent_locks, _go} when left != nil -> raise left

@@ -1,32 +1,28 @@
 //! The queue: the whole protocol by which a lock call runs.
 //!
-//! A **call** blocks a dirty-I/O scheduler while its statement runs: let in
+//! A **call** blocks a dirty-I/O scheduler while its statement runs; let in
 //! freely, calls to a hung database would hold them all, and the VM's file
 //! I/O with them. So a call runs only with one of `limit` **slots**, one per
 //! pooled connection. A **caller** (a process) without one waits in the
-//! **line** with its call, off the dirty schedulers, until it is sent its
-//! **reply** or its **deadline** (its stamp plus the checkout timeout)
-//! passes. A caller is **watched** (the NIF's monitor of the process) from
-//! its first call until it dies.
+//! **line**, off the dirty schedulers, until it is sent its **reply** or its
+//! **deadline** (its stamp plus the checkout timeout) passes. A caller is
+//! **watched** (the NIF's monitor) from its first call until it dies.
 //!
-//! 1. [`Queue::take`], in the call's one NIF call on a dirty-I/O scheduler: a
-//!    slot while one is free and nobody waits, and the call runs on that
-//!    thread at once; else a place at the end of the line, with its call, and
-//!    the NIF returns at once, having done no I/O.
-//! 2. When a call ends, [`Queue::finish`]: the call that ended takes the
-//!    first call in line and runs it on its own slot and thread, its reply
-//!    the answer ([`RUN_NEXT`] calls at most); then the slot goes to the
-//!    first in line, whose reply is **go**: it makes its call again, and
-//!    `take` finds the slot its own. So most waiters are woken once, by
-//!    their answer.
+//! 1. [`Queue::take`], in the call's one dirty-I/O NIF call: a slot while one
+//!    is free and nobody waits, and the call runs at once; else a place at
+//!    the end of the line, and the NIF returns at once, having done no I/O.
+//! 2. [`Queue::finish`], when a call ends: it takes the first call in line
+//!    and runs it on its own slot, the reply the answer ([`RUN_NEXT`] at
+//!    most); then the slot goes to the first in line, whose reply is **go**:
+//!    it calls again, and `take` finds the slot its own.
 //! 3. At its deadline, a caller still waiting leaves ([`Queue::leave`]) the
-//!    line, or gives back the slot handed to it (its go is in its mailbox or
-//!    never comes); else its call was taken: its answer comes, by its deadline.
+//!    line or gives back the slot handed to it (its go is in its mailbox or
+//!    never comes); else its call was taken, and its answer comes by then.
 //!
-//! A caller that dies leaves at once: no slot outlives it, nobody waits behind
-//! it. A started call runs to its end even when its caller is killed. Slots
-//! are handed, and calls taken, with the queue locked. Closing hands the line
-//! slots (their calls find no pool). The queue keeps no clock.
+//! A caller that dies leaves at once; a started call runs to its end even
+//! when its caller is killed. Slots are handed, and calls taken, with the
+//! queue locked. Closing hands the line slots (their calls find no pool).
+//! The queue keeps no clock.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -81,14 +77,12 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         state.fill(go);
     }
 
-    /// No slots from now on, and every caller in line is handed one.
-    pub fn close(&self, mut go: impl FnMut(&K, &W)) {
+    /// Every caller in line is handed a slot, and there are none from now on.
+    pub fn close(&self, go: impl FnMut(&K, &W)) {
         let mut state = self.lock();
+        state.limit = usize::MAX;
+        state.fill(go);
         state.limit = 0;
-        while let Some((key, call)) = state.line.pop_front() {
-            go(&key, &call);
-            state.held.push((key, call));
-        }
     }
 
     /// `Some(call)`: `key` runs `call` now, with a slot: one free while

@@ -77,10 +77,9 @@ struct Callers;
 impl Resource for Callers {
     const IMPLEMENTS_DOWN: bool = true;
 
-    /// The VM calls this holding the dead process's locks, while a call that
-    /// holds the queue may be sending that process its go, waiting for those
-    /// locks: the queue is taken by the reaper instead (here only if the OS
-    /// gives it no thread).
+    /// Called holding the dead process's locks, which a call handing it its
+    /// go may be waiting for, so the reaper takes the queue (here only if the
+    /// OS gave it no thread).
     fn down<'a>(&'a self, env: Env<'a>, pid: LocalPid, _monitor: Monitor) {
         if reaper().is_none_or(|reaper| reaper.send(pid).is_err()) {
             QUEUE.gone(&pid, go(env));
@@ -125,9 +124,8 @@ fn deadline(start: i64, settings: &Settings) -> Deadline {
     Deadline::new(started, settings)
 }
 
-/// At the deadline: out of the line, or the slot handed just now goes back
-/// (its go in the mailbox or never sent), and the exception to raise
-/// (`:pool_timeout`, `:not_started`); or `:taken`: the call's reply comes.
+/// At the deadline: out of the line (or the slot just handed goes back) and
+/// the exception to raise; or `:taken`: the call's answer comes.
 #[rustler::nif]
 fn leave(env: Env<'_>) -> Term<'_> {
     if QUEUE.leave(&env.pid(), go(env)).is_none() {
