@@ -354,6 +354,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
   def start([first | queued]) do
     collector = self_collector()
+    # Counts the NIF calls from here on, in any process (`runs/0`).
+    1 = :erlang.trace_pattern({Locks.Native, :run, 3}, true, [:call_count])
     first = call(collector, 0, first)
     # Its statement sent: it runs on a dirty-I/O scheduler, not just holds a slot.
     running = {:current_function, {Locks.Native, :run, 3}}
@@ -365,6 +367,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     end
 
     :ok
+  end
+
+  @doc "How many times `Native.run/3` was called since `start/1`."
+  def runs do
+    {:call_count, n} = :erlang.trace_info({Locks.Native, :run, 3}, :call_count)
+    n
   end
 
   def kill(i) do
