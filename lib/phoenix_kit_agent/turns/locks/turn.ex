@@ -5,14 +5,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   are the runner's. `PhoenixKitAgent.Turns.Locks.lost?/1` reads its lease.
 
   One keeper per turn (this module's GenServer, under `Locks.Keepers`) takes
-  the locks for the caller (the `acquire/5` in a process of its own, which
-  releases once it returned if the keeper was killed meanwhile), renews them
-  every `lease_s / 3` (each `keep/5` in a process of its own: a database
-  that does not answer never holds it up)
-  and releases them when the turn ends or its caller dies. The lease is
-  trusted until `lease_s` less 2 % after the sending of the last renewal the
-  database confirmed, on the node's monotonic clock (why no taker comes first:
-  the README's "Short leases"), an `:atomics` slot that `lost?/1` reads.
+  the locks for the caller, renews them every `lease_s / 3` and releases them
+  when the turn ends or its caller dies. The lease is trusted until `lease_s`
+  less 2 % after the sending of the last renewal the database confirmed, on
+  the node's monotonic clock (why no taker comes first: the README's "Short
+  leases"), an `:atomics` slot that `lost?/1` reads.
   """
 
   use GenServer, restart: :transient
@@ -26,12 +23,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   @type t :: %__MODULE__{conversation_uuid: String.t(), user_uuid: String.t(), ref: String.t()}
 
-  # :atomics slots: the monotonic ms until which the lease is trusted (@lost:
-  # for good), and the phase: @new, @acquiring, @running, then @ended (nobody
-  # told) or @telling, @told, @told_late (by a keeper started again). Whoever
-  # moves the phase from running tells the caller, once: the keeper, its
-  # terminate/2 on a graceful stop, the keeper its supervisor starts again
-  # after one was killed, or the caller at the end.
+  # :atomics slots: the monotonic ms until which the lease is trusted (@lost: for
+  # good), and the phase: @new, @acquiring, @running, then @ended (nobody told) or
+  # @telling, @told, @told_late (by a keeper started again). Whoever moves the phase
+  # from running tells the caller, once: the keeper, its terminate/2 on a graceful
+  # stop, the keeper its supervisor starts again, or the caller at the end.
   @deadline 1
   @phase 2
   @lost -0x8000000000000000
@@ -140,9 +136,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   defp cas(lease, slot, from, to), do: :atomics.compare_exchange(lease, slot, from, to) == :ok
   defp now, do: System.monotonic_time(:millisecond)
 
-  ## The keeper
-
   @doc false
+  # The keeper.
   def start_link(turn), do: GenServer.start_link(__MODULE__, turn)
 
   @impl true
@@ -166,21 +161,24 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   @impl true
   def handle_call(:acquire, _from, %{turn: turn} = state) do
-    sent = now()
+    {_, ref} = spawn_attempt(turn, :acquire, now())
 
-    case acquire(turn) do
-      :ok ->
+    receive do
+      {:DOWN, ^ref, _, _, {_, sent, :ok}} ->
         :atomics.put(turn.lease, @deadline, trusted_until(turn, sent))
         :atomics.put(turn.lease, @phase, @running)
         {:reply, :ok, renewed(%{state | held: true}, sent)}
 
-      {:error, busy} = refused when is_atom(busy) ->
+      {:DOWN, ^ref, _, _, {_, _, {:error, busy} = refused}} when is_atom(busy) ->
         {:reply, refused, state}
 
-      {:error, error} ->
+      {:DOWN, ^ref, _, _, {_, _, {:error, error}}} ->
         # After a :timeout or :disconnected it may have run: released then.
         ran? = match?(%Error{reason: r} when r in [:timeout, :disconnected], error)
         {:stop, :normal, {:raise, error}, close(%{state | held: ran?})}
+
+      {:DOWN, ^ref, _, _, reason} ->
+        exit(reason)
     end
   end
 
@@ -191,15 +189,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   @impl true
   def handle_info(:keep, %{turn: turn} = state) do
-    sent = now()
-
-    if :atomics.get(turn.lease, @phase) == @running do
-      spawn_monitor(fn ->
-        Locks.Sandbox.allow(turn.caller)
-        exit({:kept, sent, attempt(turn, :keep, 5)})
-      end)
-    end
-
+    if :atomics.get(turn.lease, @phase) == @running, do: spawn_attempt(turn, :keep, now())
     {:noreply, state}
   end
 
@@ -209,31 +199,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     {:stop, :normal, close(state)}
   end
 
-  # The acquire, in a process of its own: the statement of a killed process
-  # still runs, so it outlives a killed keeper, whose successor may release
-  # before it commits; who finds the keeper dead once it returned releases.
-  defp acquire(turn) do
-    keeper = self()
-
-    {_, ref} =
-      spawn_monitor(fn ->
-        Locks.Sandbox.allow(turn.caller)
-        result = attempt(turn, :acquire, 5)
-        if Process.alive?(keeper), do: exit({:acquired, result})
-        close(%{turn: turn, held: true})
-      end)
-
-    receive do
-      {:DOWN, ^ref, :process, _, {:acquired, result}} -> result
-      {:DOWN, ^ref, :process, _, reason} -> exit(reason)
-    end
-  end
-
   # A renewal's answer. false: the lease expired, or a lock was taken over.
-  def handle_info({:DOWN, _, :process, _, {:kept, sent, true}}, state),
+  def handle_info({:DOWN, _, :process, _, {:keep, sent, true}}, state),
     do: if(extend(state.turn, sent), do: {:noreply, renewed(state, sent)}, else: lose(state))
 
-  def handle_info({:DOWN, _, :process, _, {:kept, _, false}}, state), do: lose(state)
+  def handle_info({:DOWN, _, :process, _, {:keep, _, false}}, state), do: lose(state)
 
   # A timeout, a lost connection: again soon, within the deadline.
   def handle_info({:DOWN, _, :process, _, _error}, state) do
@@ -266,10 +236,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
     %{state | held: false}
   end
 
-  defp lose(state) do
-    tell(state.turn, @running)
-    {:noreply, state}
-  end
+  defp lose(state), do: with(_ <- tell(state.turn, @running), do: {:noreply, state})
 
   # A renewal sent at `sent` confirmed: trusted longer, unless already lost.
   defp extend(turn, sent) do
@@ -286,6 +253,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
 
   # lease_s less its 2 % margin (clocks ticking at different rates), in ms.
   defp trusted_until(turn, sent), do: sent + turn.lease_s * 980
+
+  # acquire/5 or keep/5 (sent at `sent`) in a process of its own, which exits
+  # `{fun, sent, answer}`; an acquire releases if the keeper is dead by then: a
+  # statement outlives its process, and the keeper started again may release first.
+  defp spawn_attempt(turn, fun, sent, keeper \\ self()) do
+    spawn_monitor(fn ->
+      Locks.Sandbox.allow(turn.caller)
+      answer = attempt(turn, fun, 5)
+      if fun == :keep or Process.alive?(keeper), do: exit({fun, sent, answer})
+      close(%{turn: turn, held: true})
+    end)
+  end
 
   # Locks.fun/n on the turn's first n arguments; a raise as {:error, exception}.
   defp attempt(t, fun, n) do
