@@ -1,9 +1,7 @@
 //! How one lock call runs: the NIFs `run/3` and `leave/0` of the protocol
 //! that `locks_core::queue` states, and a waiter's [`Reply`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Sender};
-use std::sync::OnceLock;
+use std::sync::{atomic::AtomicU64, atomic::Ordering, mpsc, mpsc::Sender, OnceLock};
 use std::time::{Duration, Instant};
 
 use locks_core::queue::{Queue, RUN_NEXT};

@@ -39,8 +39,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def fence_sql, do: :erlang.nif_error(not_loaded())
   def repo_fence_sql, do: :erlang.nif_error(not_loaded())
 
-  # A lock call (native/locks_nif/src/call.rs): `function` is the Locks function's
-  # name, `args` its checked arguments, `start` its stamp (monotonic, in ns).
+  # A lock call (call.rs): its stamp (monotonic ns), the Locks function, its checked args.
   def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
   def leave, do: :erlang.nif_error(not_loaded())
   def status, do: :erlang.nif_error(not_loaded())
