@@ -14,8 +14,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Storm do
   # `killed_in_run/1`: long-lived callers loop on held?/3 (a 1 ms checkout:
   # slots are often handed at a waiter's deadline) while a killer kills every
   # caller it finds inside run/3 and starts another: the end of each such
-  # call hands the slot on from a dead process (its go sent by a thread of
-  # its own, call.rs's `send/4`), and runs nothing from the line.
+  # call hands the slot on from a dead process (its go sent by the NIF's own
+  # thread, call.rs's `later/1`), and runs nothing from the line.
   # Counts each outcome and every message a caller finds after a call.
   #
   # `stale/1`: callers whose checkout deadline has already passed when they

@@ -43,19 +43,15 @@ impl Reply {
 }
 
 /// Sends `pid` its reply; from a dead process (killed while its call ran), which the VM
-/// sends nothing for, by a thread of its own: a go only while that slot (`ticket`) is held
-/// unstarted (if the OS gives no thread, a caller sent go leaves at its deadline).
+/// sends nothing for, [`later`]: a go only while that slot (`ticket`) is held untaken (if
+/// the OS gives no thread, a caller sent go leaves at its deadline).
 fn send(env: Env<'_>, pid: LocalPid, reply: Reply, ticket: Option<u64>) {
-    if env.send(&pid, reply.encode(env)).is_ok() {
-        return;
+    if env.send(&pid, reply.encode(env)).is_err() {
+        later(move || match ticket {
+            Some(ticket) => QUEUE.if_held(&pid, |w| w.ticket == ticket, || post(&pid, &reply)),
+            None => post(&pid, &reply),
+        });
     }
-    let _ = std::thread::Builder::new().spawn(move || {
-        let send = || post(&pid, &reply);
-        match ticket {
-            Some(ticket) => QUEUE.if_held(&pid, |w| w.ticket == ticket, send),
-            None => send(),
-        }
-    });
 }
 
 /// Sends `pid` its reply from a thread that is no process.
@@ -76,27 +72,31 @@ impl Resource for Callers {
     const IMPLEMENTS_DOWN: bool = true;
 
     /// Called holding the dead process's locks, which a call handing it its
-    /// go may be waiting for, so the reaper takes the queue (here only if the
-    /// OS gave it no thread).
+    /// go may be waiting for, so the queue is taken [`later`] (here only if
+    /// the OS gave no thread).
     fn down<'a>(&'a self, env: Env<'a>, pid: LocalPid, _monitor: Monitor) {
-        if reaper().is_none_or(|reaper| reaper.send(pid).is_err()) {
+        let posted = |pid: &LocalPid, _: &Waiter| post(pid, &Reply::Go);
+        if !later(move || QUEUE.gone(&pid, posted)) {
             QUEUE.gone(&pid, go(env));
         }
     }
 }
 
-/// A thread of its own that takes the dead out of the queue, sending the go
-/// of each slot that frees from no process.
-fn reaper() -> Option<&'static Sender<LocalPid>> {
-    static REAPER: OnceLock<Option<Sender<LocalPid>>> = OnceLock::new();
+/// Work for the NIF's own thread.
+type Work = Box<dyn FnOnce() + Send>;
+
+/// Runs `work` on a thread of the NIF's own, one after the other: it is no
+/// process, so it may send from nowhere and wait for the queue whatever
+/// process locks are held meanwhile. False if the OS gave it no thread.
+fn later(work: impl FnOnce() + Send + 'static) -> bool {
+    static LATER: OnceLock<Option<Sender<Work>>> = OnceLock::new();
     let start = || {
-        let (reaper, dead) = mpsc::channel::<LocalPid>();
-        let go = |pid: &LocalPid, _: &Waiter| post(pid, &Reply::Go);
-        let thread = std::thread::Builder::new().name("locks-reaper".into());
-        thread.spawn(move || dead.iter().for_each(|pid| QUEUE.gone(&pid, go))).ok()?;
-        Some(reaper)
+        let (later, todo) = mpsc::channel::<Work>();
+        let thread = std::thread::Builder::new().name("locks-later".into());
+        thread.spawn(move || todo.into_iter().for_each(|work| work())).ok()?;
+        Some(later)
     };
-    REAPER.get_or_init(start).as_ref()
+    LATER.get_or_init(start).as_ref().is_some_and(|later| later.send(Box::new(work)).is_ok())
 }
 
 fn callers() -> &'static ResourceArc<Callers> {

@@ -37,8 +37,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.StormTest do
   end
 
   # The end of a call whose caller was killed while it ran hands the slot on
-  # from a dead process: its `:go` is sent by a thread of its own (call.rs,
-  # `send/4`). When that `:go` comes late,
+  # from a dead process: its `:go` is sent by the NIF's own thread (call.rs,
+  # `later/1`). When that `:go` comes late,
   # after the waiter it was for has left at its deadline and taken a slot
   # again, it must not announce the old one. (A timing race: it showed in
   # most 10 s runs, 1-9 strays in ~90,000 calls; never without the kills.)
