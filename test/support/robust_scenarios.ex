@@ -340,12 +340,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   # Callers in the queue's line, in a child node: `start/1` starts each call
   # in a process of its own, one after the other, and returns once the first
   # runs its NIF call and every other one waits in line, in the order given
-  # (so the test
-  # knows the order the slots are handed in); `answers/1` collects, for
-  # each, `{answer, ended, mailbox}`: `Race.attempt/2`'s value, when the call
-  # returned (monotonic, microseconds) and what was left in the caller's
-  # mailbox. Any caller can be killed (`kill/1`): its answer is then
-  # `:killed`. `hold_slot/0` waits in line for a slot (with `Native.run/3`,
+  # (so the test knows the order the slots are handed in); `answers/1`
+  # collects, for each, `{answer, mailbox}`: `Race.attempt/2`'s value and
+  # what was left in the caller's mailbox; `runs/0` counts the NIF calls.
+  # Any caller can be killed (`kill/1`): its answer is then `:killed`. `hold_slot/0` waits in line for a slot (with `Native.run/3`,
   # as `Locks.call/3` does), and never starts one it is handed.
 
   alias PhoenixKitAgent.Turns.Locks
@@ -377,7 +375,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
 
   def kill(i) do
     Process.exit(Process.whereis(name(i)), :kill)
-    send(__MODULE__, {:answer, i, {:killed, System.monotonic_time(:microsecond), []}})
+    send(__MODULE__, {:answer, i, {:killed, []}})
     :ok
   end
 
@@ -489,7 +487,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
       Process.register(self(), name(i))
       answer = Race.attempt(fun, args)
       {:messages, left} = Process.info(self(), :messages)
-      send(collector, {:answer, i, {answer, System.monotonic_time(:microsecond), left}})
+      send(collector, {:answer, i, {answer, left}})
     end)
   end
 end

@@ -129,7 +129,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     # before the first call returned was once scheduled after it.)
     assert length(calls) <= @run_next + 1
     assert Node.call(node, Queue, :runs, []) == length(calls)
-    assert Enum.all?(answers, &(elem(&1, 2) == [])), inspect(answers)
+    assert Enum.all?(answers, &(elem(&1, 1) == [])), inspect(answers)
     assert %{running: 0, waiting: 0} = status(node)
   end
 
@@ -151,7 +151,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     started = System.monotonic_time(:millisecond)
     TestDB.query!("COMMIT", blocker)
 
-    assert [{{:ok, :ok}, _, []}, {:killed, _, _}, {{:ok, :ok}, _, []}] = answers(node, 3)
+    assert [{{:ok, :ok}, []}, {:killed, _}, {{:ok, :ok}, []}] = answers(node, 3)
     # Long before c's checkout deadline (10 s): it was not stuck behind b.
     assert System.monotonic_time(:millisecond) - started < 5_000
     assert chat_ref(y) == nil
@@ -168,8 +168,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert waiting == @run_next + 1
 
     TestDB.query!("COMMIT", blocker)
-    assert [{{:ok, :ok}, _, []} | ran] = answers(node, @run_next + 1)
-    assert Enum.all?(ran, &match?({{:ok, false}, _, []}, &1)), inspect(ran)
+    assert [{{:ok, :ok}, []} | ran] = answers(node, @run_next + 1)
+    assert Enum.all?(ran, &match?({{:ok, false}, []}, &1)), inspect(ran)
 
     # The slot is the holder's, handed and not started.
     until!(node, :waiting, 0)
@@ -190,7 +190,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     assert %{running: 1, waiting: 0} = status(node)
     TestDB.query!("COMMIT", blocker)
-    assert [{{:ok, :ok}, _, []}] = answers(node, 1)
+    assert [{{:ok, :ok}, []}] = answers(node, 1)
   end
 
   test "a call whose caller is killed while it runs ends, and the callers in line behind it " <>
@@ -210,7 +210,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     :ok = Node.call(node, Queue, :kill, [0])
     TestDB.query!("COMMIT", blocker)
 
-    assert [{:killed, _, _}, {{:ok, :ok}, _, []}, {{:ok, {:error, :conversation_busy}}, _, []}] =
+    assert [{:killed, _}, {{:ok, :ok}, []}, {{:ok, {:error, :conversation_busy}}, []}] =
              answers(node, 3)
 
     assert Node.call(node, Locks, :held?, [x, ua, "a"]) == true
@@ -225,7 +225,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}]
     blocker = line!(node, calls)
 
-    assert [{:ok, :ok}, {{:raised, %Error{reason: :pool_timeout}}, _, []}] =
+    assert [{:ok, :ok}, {{:raised, %Error{reason: :pool_timeout}}, []}] =
              answers_after(node, blocker, 2)
 
     assert %{running: 0, waiting: 0} = status(node)
@@ -247,7 +247,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert Node.call(node, Queue, :until_called, []) == :ok
     TestDB.query!("COMMIT", second)
 
-    assert [{{:ok, :ok}, _, []}, {{:ok, :ok}, _, []}] = answers(node, 2)
+    assert [{{:ok, :ok}, []}, {{:ok, :ok}, []}] = answers(node, 2)
     assert %{running: 0, waiting: 0} = status(node)
     assert Node.call(node, Locks, :held?, [y, ub, "b"]) == true
   end
@@ -268,8 +268,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
-    assert [{{:raised, %Error{reason: :disconnected}}, _, []}, {{:ok, :ok}, _, []}] =
-             answers(node, 2)
+    assert [{{:raised, %Error{reason: :disconnected}}, []}, {{:ok, :ok}, []}] = answers(node, 2)
 
     # b ran its own call (Native.run/3 after its go): a's failed one ran nothing for it.
     assert Node.call(node, Queue, :called?, []), "b's call was run by a's failed one"
@@ -294,9 +293,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
     assert [
-             {{:ok, :ok}, _, []},
-             {{:raised, %Error{reason: :disconnected}}, _, []},
-             {{:ok, true}, _, []}
+             {{:ok, :ok}, []},
+             {{:raised, %Error{reason: :disconnected}}, []},
+             {{:ok, true}, []}
            ] = answers(node, 3)
 
     # c ran its own call (Native.run/3 after its go): a's ran nothing after b's failed.
@@ -323,7 +322,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   defp answers_after(node, blocker, n) do
     until!(node, :waiting, 0)
     TestDB.query!("COMMIT", blocker)
-    [{first, _, _} | rest] = answers(node, n)
+    [{first, _} | rest] = answers(node, n)
     [first | rest]
   end
 
@@ -347,9 +346,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     TestDB.query!("COMMIT", blocker)
 
     assert [
-             {{:ok, :ok}, _, []},
-             {{:raised, %Error{reason: :not_started}}, _, []},
-             {{:raised, %Error{reason: :not_started}}, _, []}
+             {{:ok, :ok}, []},
+             {{:raised, %Error{reason: :not_started}}, []},
+             {{:raised, %Error{reason: :not_started}}, []}
            ] = answers(node, 3)
 
     # Its statement ran; then its connection closed, as the idle ones did.
