@@ -2,6 +2,8 @@
 //! argument list become a `locks_core::Job`, decoded by its derive, and the
 //! job's `Answer` becomes the term the function documents.
 
+use std::sync::OnceLock;
+
 use locks_core::{Answer, Job};
 use rustler::types::tuple::make_tuple;
 use rustler::{Atom, Decoder, Encoder, Env, Error, NifResult, Term};
@@ -24,21 +26,36 @@ pub fn job_and_terms<'a>(
     function: Term<'a>,
     args: Term<'a>,
 ) -> NifResult<(Job, Vec<Term<'a>>)> {
-    let name = function.atom_to_string()?;
-    if !Job::functions().any(|known| known == name) {
+    let function: Atom = function.decode()?;
+    let tags = tags(env)?;
+    let Some(&(_, name, tag)) = tags.iter().find(|(known, ..)| *known == function) else {
         return Err(Error::BadArg);
-    }
+    };
     // An improper list is a bad argument: rustler's list decoding would panic.
-    args.list_length()?;
-    let mut terms: Vec<Term<'a>> =
-        vec![Atom::from_str(env, name.trim_end_matches('?'))?.encode(env)];
-    terms.extend(args.decode::<Vec<Term<'a>>>()?);
+    let mut terms = Vec::with_capacity(args.list_length()? + 2);
+    terms.push(tag.encode(env));
+    terms.extend(args.into_list_iterator()?);
     // acquire/4: the whole TTL as the hold, its locks dated now.
     if name == "acquire" && terms.len() == 5 {
         terms.push(terms[4]);
     }
     let job = Job::decode(make_tuple(env, &terms)).ok().and_then(Job::checked);
     Ok((job.ok_or(Error::BadArg)?, terms))
+}
+
+/// Each lock function's atom, its name and its job's tag (the name without
+/// its `?`), made once: a call compares atoms, and neither copies a name
+/// nor looks one up in the VM's atom table.
+fn tags(env: Env<'_>) -> NifResult<&'static [(Atom, &'static str, Atom)]> {
+    static TAGS: OnceLock<Vec<(Atom, &'static str, Atom)>> = OnceLock::new();
+    if let Some(tags) = TAGS.get() {
+        return Ok(tags);
+    }
+    let atom = |name: &str| Atom::from_str(env, name);
+    let tags = Job::functions()
+        .map(|name| Ok((atom(name)?, name, atom(name.trim_end_matches('?'))?)))
+        .collect::<NifResult<Vec<_>>>()?;
+    Ok(TAGS.get_or_init(|| tags))
 }
 
 pub fn encode<'a>(env: Env<'a>, answer: &Answer) -> Term<'a> {
