@@ -45,12 +45,16 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
   end
 
   # Bursts of 50 concurrent calls until the pool has all its connections
-  # open (a burst opens one for each slot that finds none idle); how many.
-  defp open_all(node, args, tries \\ 10) do
+  # open (a burst opens one for each slot that finds none idle), for 30 s at
+  # most: on a loaded machine a connect can outlast the checkout timeout
+  # for a while, and then a burst opens fewer. How many are open.
+  defp open_all(node, args, until \\ System.monotonic_time(:millisecond) + 30_000) do
     Node.call(node, Faults, :timed_many, [List.duplicate({:held?, args}, 50)])
     %{pool: %{connections: open}} = Node.call(node, Locks, :status, [])
 
-    if open < @pool_size and tries > 1, do: open_all(node, args, tries - 1), else: open
+    if open < @pool_size and System.monotonic_time(:millisecond) < until,
+      do: open_all(node, args, until),
+      else: open
   end
 
   @tag :slow

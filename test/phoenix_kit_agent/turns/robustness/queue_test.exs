@@ -260,12 +260,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     :ok = Node.call(node, Queue, :watch_call, [1, :run])
 
     # a's backend, waiting for x's row, is terminated: a fails (:disconnected).
-    [[backend]] =
-      TestDB.query!("""
-      SELECT pid FROM pg_stat_activity
-      WHERE application_name = '#{app}' AND wait_event_type = 'Lock'
-      """)
-
+    [[blocker_pid]] = TestDB.query!("SELECT pg_backend_pid()", blocker)
+    backend = blocked_by!(app, blocker_pid)
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
     assert [{{:raised, %Error{reason: :disconnected}}, []}, {{:ok, :ok}, []}] = answers(node, 2)
