@@ -12,6 +12,8 @@ defmodule PhoenixKitAgent.Turns.Robustness.PoolPressureTest do
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
 
   @moduletag :robustness
+  # open_all/3 may take 30 s on a loaded machine, before the run itself.
+  @moduletag timeout: 120_000
 
   @pool_size 5
   @checkout_timeout 200
