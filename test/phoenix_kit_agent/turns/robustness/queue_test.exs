@@ -260,8 +260,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     :ok = Node.call(node, Queue, :watch_call, [1, :run])
 
     # a's backend, waiting for x's row, is terminated: a fails (:disconnected).
-    [[blocker_pid]] = TestDB.query!("SELECT pg_backend_pid()", blocker)
-    backend = blocked_by!(app, blocker_pid)
+    backend = blocked_by!(app, blocker)
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
     assert [{{:raised, %Error{reason: :disconnected}}, []}, {{:ok, :ok}, []}] = answers(node, 2)
@@ -277,7 +276,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
     second = hold_row!(y)
-    [[second_pid]] = TestDB.query!("SELECT pg_backend_pid()", second)
 
     calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}, {:held?, [x, ua, "a"]}]
     blocker = line!(node, calls)
@@ -285,7 +283,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     TestDB.query!("COMMIT", blocker)
 
     # a's call ends and runs b's, which waits for y's row; its backend is terminated.
-    backend = blocked_by!(app, second_pid)
+    backend = blocked_by!(app, second)
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
     assert [
@@ -299,8 +297,11 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     TestDB.close(second)
   end
 
-  # The backend of `app` that waits for a lock `pid`'s session holds (5 s at most).
-  defp blocked_by!(app, pid, tries \\ 500) do
+  # The backend of `app` that waits for a lock `session` holds (5 s at most).
+  defp blocked_by!(app, session),
+    do: blocked_by_pid!(app, TestDB.value!("SELECT pg_backend_pid()", session), 500)
+
+  defp blocked_by_pid!(app, pid, tries) do
     case TestDB.query!("""
          SELECT pid FROM pg_stat_activity
          WHERE application_name = '#{app}' AND #{pid} = ANY(pg_blocking_pids(pid))
@@ -310,7 +311,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
       [] when tries > 0 ->
         Process.sleep(10)
-        blocked_by!(app, pid, tries - 1)
+        blocked_by_pid!(app, pid, tries - 1)
     end
   end
 
