@@ -112,11 +112,12 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         None
     }
 
-    /// A started call has ended. With `take`, the first call in line is taken
-    /// to run on its slot (unless a smaller pool came meanwhile); else it goes on.
-    pub fn finish(&self, take: bool, go: impl FnMut(&K, &W)) -> Option<(K, W)> {
+    /// A started call has ended. The first call in line is taken to run on its
+    /// slot if `take` says so, asked (with the queue locked) only when a call
+    /// waits and the slot stays (no smaller pool came meanwhile); else the slot goes on.
+    pub fn finish(&self, take: impl FnOnce() -> bool, go: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
-        if take && state.used() <= state.limit {
+        if !state.line.is_empty() && state.used() <= state.limit && take() {
             if let Some(taken) = state.line.pop_front() {
                 return Some(taken);
             }

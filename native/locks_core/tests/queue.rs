@@ -72,14 +72,14 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     run(&queue, "a");
     wait(&queue, "b");
     wait(&queue, "c");
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["b"]);
     // The slot is b's until b takes it or leaves: d waits behind c.
     wait(&queue, "d");
     assert_eq!(queue.counts(), counts(1, 0, 1, 2));
     // b's call again (after its go): its own slot, with the call it makes now.
     assert_eq!(queue.take("b", "b-2", || true), Some("b-2"));
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
 }
 
@@ -91,7 +91,7 @@ fn a_caller_that_leaves_the_line_is_never_handed_a_slot() {
     wait(&queue, "b");
     wait(&queue, "c");
     assert_eq!(queue.leave(&"b", told.go()), Some("b"));
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
     assert_eq!(queue.leave(&"b", told.go()), None);
 }
@@ -104,7 +104,7 @@ fn a_slot_given_back_before_it_is_taken_goes_to_the_next_in_line_at_once() {
     run(&queue, "x");
     wait(&queue, "a");
     wait(&queue, "b");
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["a"]);
     assert_eq!(queue.leave(&"a", told.go()), Some("a"));
     assert_eq!(told.take(), ["b"]);
@@ -123,10 +123,10 @@ fn closing_hands_the_line_its_slots_and_nothing_more() {
     queue.close(told.go());
     assert_eq!(told.take(), ["b", "c"]);
     assert_eq!(queue.counts(), counts(0, 1, 2, 0));
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     for who in ["b", "c"] {
         run(&queue, who);
-        assert_eq!(queue.finish(false, told.go()), None);
+        assert_eq!(queue.finish(|| false, told.go()), None);
     }
     wait(&queue, "d");
     assert!(told.take().is_empty());
@@ -147,12 +147,12 @@ fn a_smaller_pool_hands_no_slot_and_takes_no_call_until_fewer_are_used_than_it_h
     wait(&queue, "c");
     wait(&queue, "d");
     // a ends: two slots used of one, so it takes nothing and hands nothing.
-    assert_eq!(queue.finish(true, told.go()), None);
+    assert_eq!(queue.finish(|| true, told.go()), None);
     assert!(told.take().is_empty());
     // b ends: one of one; it may take c onto its slot, and then hand it to d.
-    assert_eq!(queue.finish(true, told.go()), Some(("c", "c")));
+    assert_eq!(queue.finish(|| true, told.go()), Some(("c", "c")));
     assert_eq!(queue.counts(), counts(1, 1, 0, 1));
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["d"]);
 }
 
@@ -164,17 +164,26 @@ fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
     wait(&queue, "b");
     wait(&queue, "c");
     // a's call ended: b's call is taken, first come first served, and runs
-    // on a's slot (still one running); nobody is handed a slot.
-    assert_eq!(queue.finish(true, told.go()), Some(("b", "b")));
+    // on a's slot (still one running); nobody is handed a slot. Whether to
+    // take (a's caller is alive) is asked once, as a call waits.
+    let asked = Cell::new(0);
+    let take = || {
+        asked.set(asked.get() + 1);
+        true
+    };
+    assert_eq!(queue.finish(take, told.go()), Some(("b", "b")));
+    assert_eq!(asked.get(), 1);
     assert!(told.take().is_empty());
     assert_eq!(queue.counts(), counts(1, 1, 0, 1));
     // b, at its deadline, is in neither the line nor a slot: its answer comes.
     assert_eq!(queue.leave(&"b", told.go()), None);
     // Without taking, the slot goes to c; with the line empty, taking frees it.
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
+    // With nobody in line, it is not asked (the NIF's check costs a call into the VM).
     run(&queue, "c");
-    assert_eq!(queue.finish(true, told.go()), None);
+    assert_eq!(queue.finish(take, told.go()), None);
+    assert_eq!(asked.get(), 1);
     assert_eq!(queue.counts(), counts(1, 0, 0, 0));
 }
 
@@ -189,13 +198,13 @@ fn a_late_go_is_sent_only_for_the_slot_it_is_about_until_it_is_taken() {
     run(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
     assert_eq!(queue.take("a", "a-1", || true), None);
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
     assert_eq!(queue.leave(&"a", told.go()), Some("a-1"));
     run(&queue, "c");
     assert_eq!(queue.take("a", "a-2", || true), None);
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["a", "a"]);
     // The first handing's late go finds the second, and is not sent.
     late("a-1");
@@ -211,7 +220,7 @@ fn a_caller_is_watched_from_its_first_call_until_it_is_gone() {
     let queue = queue(1);
     let told = Told::default();
     run(&queue, "a");
-    assert_eq!(queue.finish(false, told.go()), None);
+    assert_eq!(queue.finish(|| false, told.go()), None);
     // a's next call: a is watched already.
     assert_eq!(queue.take("a", "a", || panic!("a is watched already")), Some("a"));
     // b dies in line: it leaves, and is watched anew when it comes back.

@@ -1,6 +1,7 @@
 //! How one lock call runs: the NIFs `run/3` and `leave/0` of the protocol
 //! that `locks_core::queue` states, and a waiter's [`Reply`].
 
+use std::cell::OnceCell;
 use std::sync::{atomic::AtomicU64, atomic::Ordering, mpsc, mpsc::Sender, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -162,7 +163,8 @@ fn run<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifR
 /// A started slot, finished when dropped. Once its own call has succeeded
 /// (`own`: its deadline), it runs up to `RUN_NEXT` calls from the line, each
 /// by the earlier of its own deadline and `own`, until one fails or `own`
-/// passes. A failed call, or a dead caller's, runs none.
+/// passes. A failed call, or a dead caller's, runs none (asked of the VM
+/// only when a call waits).
 struct Slot<'a> {
     env: Env<'a>,
     own: Option<Deadline>,
@@ -171,16 +173,17 @@ struct Slot<'a> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let env = self.env;
-        let mut runs = if env.pid().is_alive(env) { RUN_NEXT } else { 0 };
+        let (mut runs, alive) = (RUN_NEXT, OnceCell::new());
+        let take = || *alive.get_or_init(|| env.pid().is_alive(env));
         while let Some(own) = self.own.filter(|own| runs > 0 && !own.passed()) {
             runs -= 1;
-            let Some((pid, waiter)) = QUEUE.finish(true, go(env)) else { return };
+            let Some((pid, waiter)) = QUEUE.finish(take, go(env)) else { return };
             let answer = global::current().and_then(|pool| {
                 pool.run(deadline(waiter.start, pool.settings()).earlier(own), &waiter.job)
             });
             runs = if answer.is_ok() { runs } else { 0 };
             send(env, pid, answer.map_or_else(|e| Reply::Raise(exception(e)), Reply::Answer), None);
         }
-        QUEUE.finish(false, go(env));
+        QUEUE.finish(|| false, go(env));
     }
 }

@@ -36,15 +36,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   # :telemetry_span_context) comes again in :stop with the :result, and in
   # :exception with the :kind, :reason and :stacktrace of what was raised.
   def start(function, start, metadata) do
-    metadata = Map.put(metadata, :telemetry_span_context, make_ref())
-
     if telemetry?() do
+      metadata = Map.put(metadata, :telemetry_span_context, make_ref())
       monotonic = System.convert_time_unit(start, :nanosecond, :native)
       measurements = %{monotonic_time: monotonic, system_time: System.system_time()}
       emit([function, :start], measurements, metadata)
+      {function, start, metadata}
+    else
+      {function, start, metadata}
     end
-
-    {function, start, metadata}
   end
 
   def stop(span, result), do: finish(span, outcome(result), :stop, %{result: result})

@@ -213,6 +213,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert [{:killed, _}, {{:ok, :ok}, []}, {{:ok, {:error, :conversation_busy}}, []}] =
              answers(node, 3)
 
+    # a's call ran none from the line (an answer it could not send would need
+    # that thread): b was sent go and ran its own (two NIF calls), then ran c's.
+    assert Node.call(node, Queue, :runs, []) == 4
     assert Node.call(node, Locks, :held?, [x, ua, "a"]) == true
   end
 
