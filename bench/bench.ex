@@ -109,6 +109,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     "release_user" => ~w(usr click)
   }
 
+  @doc false
+  def schema, do: @schema
+
   @doc "The workload names `--workloads` accepts."
   def workloads, do: @workloads
 
@@ -345,8 +348,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   defp md5(text), do: Base.encode16(:crypto.hash(:md5, text), case: :lower)
 
-  # md5(text)::uuid, as PostgreSQL spells it.
-  defp uuid(text) do
+  @doc false
+  # md5(text)::uuid, as PostgreSQL spells it (`mix locks.compare` too).
+  def uuid(text) do
     <<a::binary-8, b::binary-4, c::binary-4, d::binary-4, e::binary-12>> = md5(text)
     Enum.join([a, b, c, d, e], "-")
   end
@@ -1478,10 +1482,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   defp delta(_, _), do: "–"
 
-  defp fmt(value, decimals \\ 0)
-  defp fmt(nil, _), do: "–"
-  defp fmt(v, 0), do: v |> round() |> Integer.to_string() |> group()
-  defp fmt(v, d), do: :erlang.float_to_binary(v / 1, decimals: d)
+  @doc false
+  def fmt(value, decimals \\ 0)
+  def fmt(nil, _), do: "–"
+  def fmt(v, 0), do: v |> round() |> Integer.to_string() |> group()
+  def fmt(v, d), do: :erlang.float_to_binary(v / 1, decimals: d)
 
   defp group(digits) do
     digits
@@ -1524,7 +1529,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     end)
   end
 
-  defp med(values) do
+  @doc false
+  def med(values) do
     sorted = values |> Enum.reject(&is_nil/1) |> Enum.sort()
 
     case length(sorted) do
@@ -1666,8 +1672,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   defp cpu_ratio(a, b) when is_number(a) and is_number(b) and b > 0, do: a / b
   defp cpu_ratio(_, _), do: nil
 
+  @doc false
   # "median (min–max)" of a list of figures.
-  defp spread(values, decimals \\ 2) do
+  def spread(values, decimals \\ 2) do
     case Enum.reject(values, &is_nil/1) do
       [] ->
         "–"
@@ -1754,7 +1761,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     end
   end
 
-  defp loadavg do
+  @doc false
+  def loadavg do
     case File.read("/proc/loadavg") do
       {:ok, text} -> text |> String.split() |> Enum.take(3) |> Enum.join(" ")
       _ -> "?"
