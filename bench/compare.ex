@@ -45,8 +45,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
          {:ok, base} <- commit(opts[:base]),
          {:ok, head} <- commit(opts[:head]),
          {:ok, base_dir} <- worktree(base),
-         {:ok, head_dir} <- worktree(head),
-         {:ok, callers} <- rows(config, opts[:points]) do
+         {:ok, head_dir} <- worktree(head) do
+      callers = prepare(config, opts[:points] |> Enum.map(&elem(&1, 1)) |> Enum.max())
       dirs = %{base: base_dir, base2: base_dir, head: head_dir}
       before = Bench.loadavg()
       settings = settings(config)
@@ -67,12 +67,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
     {:compare_failed, message} -> {:error, message}
   end
 
+  @doc false
   # The arms are checkouts of their own, with no host configuration: they
   # read DATABASE_URL, and so does this VM.
-  defp config(pool_size) do
+  def config(pool_size) do
     case {System.get_env("DATABASE_URL"), Config.read()} do
       {url, {:ok, config}} when is_binary(url) ->
-        {:ok, %{config | prefix: Bench.schema(), pool_size: pool_size || config.pool_size}}
+        # A size above the default is cut to it, as the arms' configuration would.
+        size = min(pool_size || config.pool_size, Config.default_pool_size())
+        {:ok, %{config | prefix: Bench.schema(), pool_size: size}}
 
       _ ->
         {:error, "set DATABASE_URL: every arm connects with it"}
@@ -114,8 +117,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
 
   ## The rows: caller k of every point uses chat and user k
 
-  defp rows(config, points) do
-    callers = points |> Enum.map(&elem(&1, 1)) |> Enum.max()
+  @doc false
+  # The rows of `callers` callers, made if missing and freed: each caller's
+  # "chat,user" as an arm takes them. This VM's pool is the configured one
+  # again after it.
+  def prepare(config, callers) do
     pairs = for k <- 0..(callers - 1), do: {Bench.uuid("bench/compare/chat/#{k}"), Bench.uuid("bench/compare/user/#{k}")}
     :ok = Native.start(config)
     :ok = Schema.setup!(:tables)
@@ -129,9 +135,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
       "UPDATE #{schema}.phoenix_kit_agent_user_settings SET busy_since = NULL, busy_turn_ref = NULL WHERE busy_turn_ref IS NOT NULL"
     ])
 
-    # This VM's pool is not needed again: the arms have their own.
-    :ok = Native.stop()
-    {:ok, Enum.map(pairs, fn {chat, user} -> chat <> "," <> user end)}
+    with {:ok, configured} <- Config.read(), do: Native.start(configured)
+    Enum.map(pairs, fn {chat, user} -> chat <> "," <> user end)
   end
 
   defp settings(config) do
@@ -149,7 +154,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
 
   ## The arms
 
-  defp start_arm(dir, config) do
+  @doc false
+  # A VM of the checkout in `dir`, compiled in `env`, ready for measure/4.
+  def start_arm(dir, config, env \\ "dev") do
     port =
       Port.open({:spawn_executable, mix()}, [
         :binary,
@@ -160,7 +167,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
         {:args, ["run", "--no-compile", "--no-deps-check", "--no-start", @arm]},
         {:env,
          [
-           {~c"MIX_ENV", ~c"dev"},
+           {~c"MIX_ENV", String.to_charlist(env)},
            {~c"LOCKS_COMPARE_PREFIX", String.to_charlist(config.prefix)},
            {~c"LOCKS_COMPARE_POOL_SIZE", ~c"#{config.pool_size}"}
          ]}
@@ -184,41 +191,45 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
 
   defp passed_on(line), do: IO.puts(:stderr, "  arm: " <> line) == :ok
 
-  defp close(port) do
+  @doc false
+  def close(port) do
     if Port.info(port), do: Port.close(port)
   catch
     :error, :badarg -> :ok
   end
 
+  @doc false
+  # One run of `{workload, n}` in the arm `port` by the first n of
+  # `callers`: `%{ops_s, cpu, dirty_io, schedulers}`, CPU in µs per op.
+  def measure(port, {workload, n}, callers, opts) do
+    pairs = callers |> Enum.take(n) |> Enum.join(" ")
+    Port.command(port, "run #{workload} #{opts[:warmup]} #{opts[:duration] * 1000} #{pairs}\n")
+    line = answer(port, opts[:warmup] + opts[:duration] * 1000 + 60_000)
+
+    figures =
+      for field <- String.split(line), into: %{} do
+        [key, value] = String.split(field, "=")
+        {String.to_atom(key), String.to_integer(value)}
+      end
+
+    per_op = fn ticks -> ticks * 1.0e6 / Bench.CPU.hz() / max(figures.ops, 1) end
+
+    %{
+      ops_s: figures.ops * 1.0e6 / figures.us,
+      cpu: per_op.(figures.cpu),
+      dirty_io: per_op.(figures.dirty_io),
+      schedulers: per_op.(figures.schedulers)
+    }
+  end
+
   ## The rounds
 
-  # [%{round, point, arm, ops_s, cpu, dirty_io, schedulers}]; CPU in µs per op.
+  # [%{round, point, arm, ops_s, cpu, dirty_io, schedulers}].
   defp rounds(arms, callers, opts) do
-    hz = Bench.CPU.hz()
-
     for round <- 1..opts[:rounds], {workload, n} = point <- opts[:points], arm <- turn(round) do
-      pairs = callers |> Enum.take(n) |> Enum.join(" ")
-      Port.command(arms[arm], "run #{workload} #{opts[:warmup]} #{opts[:duration] * 1000} #{pairs}\n")
-      line = answer(arms[arm], opts[:warmup] + opts[:duration] * 1000 + 60_000)
-
-      figures =
-        for field <- String.split(line), into: %{} do
-          [key, value] = String.split(field, "=")
-          {String.to_atom(key), String.to_integer(value)}
-        end
-
-      per_op = fn ticks -> ticks * 1.0e6 / hz / max(figures.ops, 1) end
+      figures = measure(arms[arm], point, callers, opts)
       if arm == List.last(turn(round)), do: info("round #{round}/#{opts[:rounds]}: #{workload} x#{n}")
-
-      %{
-        round: round,
-        point: point,
-        arm: arm,
-        ops_s: figures.ops * 1.0e6 / figures.us,
-        cpu: per_op.(figures.cpu),
-        dirty_io: per_op.(figures.dirty_io),
-        schedulers: per_op.(figures.schedulers)
-      }
+      Map.merge(figures, %{round: round, point: point, arm: arm})
     end
   end
 
@@ -229,24 +240,30 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
 
   ## The report
 
+  @figures [ops_s: "throughput", cpu: "CPU", dirty_io: "dirty-I/O CPU", schedulers: "schedulers' CPU"]
+
   defp report(runs, opts, meta) do
     by_point = Enum.group_by(runs, & &1.point)
+    of = fn point, arm, key -> for r <- by_point[point], r.arm == arm, do: r[key] end
 
-    rows =
+    arms =
       for {workload, n} = point <- opts[:points] do
-        runs = by_point[point]
-        arm = fn a, key -> for r <- runs, r.arm == a, do: r[key] end
+        ops = Enum.map_join(@arms, " | ", &Bench.spread(of.(point, &1, :ops_s), 0))
+        cpu = Enum.map_join(@arms, " | ", &Bench.spread(of.(point, &1, :cpu), 1))
+        "| #{workload} | #{n} | #{ops} | #{cpu} |"
+      end
 
-        ratio = fn a, b, key ->
-          Map.new(runs, &{{&1.round, &1.arm}, &1[key]})
-          |> then(fn m -> for r <- 1..opts[:rounds], do: m[{r, a}] / m[{r, b}] end)
-          |> interval()
-        end
+    ratios =
+      for {workload, n} = point <- opts[:points], {key, name} <- @figures do
+        cells = for {a, b} <- [head: :base, head: :base2, base2: :base], do: by_point[point] |> ratios(a, b, key) |> interval()
+        "| #{workload} | #{n} | #{name} | #{Enum.join(cells, " | ")} |"
+      end
 
-        "| #{workload} | #{n} | #{Bench.spread(arm.(:base, :ops_s), 0)} | #{Bench.spread(arm.(:head, :ops_s), 0)} | " <>
-          "#{Bench.spread(arm.(:base, :cpu), 1)} | #{Bench.spread(arm.(:head, :cpu), 1)} | " <>
-          "#{ratio.(:head, :base, :ops_s)} | #{ratio.(:head, :base, :cpu)} | #{ratio.(:head, :base2, :cpu)} | " <>
-          "#{ratio.(:base2, :base, :cpu)} | #{ratio.(:head, :base, :dirty_io)} | #{ratio.(:head, :base, :schedulers)} |"
+    each =
+      for r <- Enum.sort_by(runs, &{&1.round, elem(&1.point, 0), elem(&1.point, 1)}) do
+        {workload, n} = r.point
+        figures = Enum.map_join([:cpu, :dirty_io, :schedulers], " | ", &Bench.fmt(r[&1], 1))
+        "| #{r.round} | #{workload} | #{n} | #{label(r.arm)} | #{Bench.fmt(r.ops_s)} | #{figures} |"
       end
 
     """
@@ -258,21 +275,44 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
     * machine: #{System.schedulers_online()} schedulers online, #{:erlang.system_info(:logical_processors)} logical processors, #{:erlang.system_info(:dirty_io_schedulers)} dirty-I/O schedulers; the arms' ERL_FLAGS: `#{System.get_env("ERL_FLAGS", "")}`
     * 1-minute load average before: #{meta.before}; after: #{Bench.loadavg()}
 
-    Each VM's figures: median (min–max) over the rounds. Ratios per round,
-    then their median (min–max) [the median's 90 % bootstrap interval]; base′
-    is the base's second VM, so base′ ÷ base is chance alone. CPU is the VM's,
-    µs per op (an op is two calls), all threads; dirty-I/O and normal
-    schedulers' threads apart in the last two columns.
+    base′ is the base's second VM: base′ ÷ base is what chance alone gives.
+    An op is two calls; CPU is the VM's, µs per op, every thread (dirty-I/O
+    and normal schedulers' threads apart too).
 
-    | workload | callers | base ops/s | head ops/s | base CPU | head CPU | throughput head ÷ base | CPU head ÷ base | CPU head ÷ base′ | CPU base′ ÷ base | dirty-I/O CPU head ÷ base | schedulers' CPU head ÷ base |
-    |---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|
-    #{Enum.join(rows, "\n")}
+    ## Each VM: median (min–max) over the rounds
+
+    | workload | callers | base ops/s | base′ ops/s | head ops/s | base CPU | base′ CPU | head CPU |
+    |---|--:|--:|--:|--:|--:|--:|--:|
+    #{Enum.join(arms, "\n")}
+
+    ## Ratios, round by round: median (min–max) [the median's 90 % bootstrap interval]
+
+    | workload | callers | figure | head ÷ base | head ÷ base′ | base′ ÷ base |
+    |---|--:|---|--:|--:|--:|
+    #{Enum.join(ratios, "\n")}
+
+    ## Every run
+
+    | round | workload | callers | VM | ops/s | CPU | dirty-I/O CPU | schedulers' CPU |
+    |--:|---|--:|---|--:|--:|--:|--:|
+    #{Enum.join(each, "\n")}
     """
   end
 
+  defp label(:base2), do: "base′"
+  defp label(arm), do: Atom.to_string(arm)
+
+  @doc false
+  # Arm a's figure ÷ arm b's, round by round, of one point's runs.
+  def ratios(runs, a, b, key) do
+    by = Map.new(runs, &{{&1.round, &1.arm}, &1[key]})
+    for {round, ^a} <- Map.keys(by) |> Enum.sort(), do: by[{round, a}] / by[{round, b}]
+  end
+
+  @doc false
   # "median (min–max) [lo–hi]", [lo–hi] the 90 % percentile-bootstrap
   # interval of the median.
-  defp interval(ratios) do
+  def interval(ratios) do
     :rand.seed(:exsss, {26, 6, 2026})
     n = length(ratios)
     tuple = List.to_tuple(ratios)

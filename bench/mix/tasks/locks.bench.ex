@@ -140,8 +140,9 @@ defmodule Mix.Tasks.Locks.Bench do
   use Mix.Task
 
   alias PhoenixKitAgent.Turns.Locks.Bench
-  alias PhoenixKitAgent.Turns.Locks.Bench.Peer
-  alias PhoenixKitAgent.Turns.Locks.Config
+  alias PhoenixKitAgent.Turns.Locks.Bench.{Options, Peer}
+
+  @task "locks.bench"
 
   @switches [
     duration: :integer,
@@ -164,7 +165,7 @@ defmodule Mix.Tasks.Locks.Bench do
   def run(args) do
     {opts, _} = OptionParser.parse!(args, strict: @switches)
     quick = opts[:quick] || false
-    workloads = list(opts[:workloads], Bench.workloads())
+    workloads = Options.list(opts[:workloads], Bench.workloads())
 
     case workloads -- Bench.workloads() do
       [] ->
@@ -176,7 +177,7 @@ defmodule Mix.Tasks.Locks.Bench do
         )
     end
 
-    pool_size = if opts[:pool_size], do: pool_size(opts[:pool_size])
+    pool_size = if opts[:pool_size], do: Options.pool_size(@task, opts[:pool_size])
 
     alternate = alternate(opts[:alternate])
 
@@ -205,14 +206,14 @@ defmodule Mix.Tasks.Locks.Bench do
       end
 
     opts = [
-      duration: positive(opts, :duration, if(quick, do: 1, else: 5)),
-      warmup: positive(opts, :warmup, if(quick, do: 300, else: 1000)),
-      runs: positive(opts, :runs, 1),
+      duration: Options.positive(@task, opts, :duration, if(quick, do: 1, else: 5)),
+      warmup: Options.positive(@task, opts, :warmup, if(quick, do: 300, else: 1000)),
+      runs: Options.positive(@task, opts, :runs, 1),
       workloads: workloads,
       cycle_callers:
-        opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&caller_count(&1, "--cycle-callers")),
+        Options.callers(@task, opts[:cycle_callers], ~w(1 10 50), "--cycle-callers"),
       read_callers:
-        opts[:read_callers] |> list(~w(10 50)) |> Enum.map(&caller_count(&1, "--read-callers")),
+        Options.callers(@task, opts[:read_callers], ~w(10 50), "--read-callers"),
       busy: busy,
       floor: opts[:floor] || false,
       pool_size: pool_size,
@@ -230,39 +231,9 @@ defmodule Mix.Tasks.Locks.Bench do
     end
   end
 
-  # Checked as the configuration's pool_size is, with its limits.
-  defp pool_size(n) do
-    Config.check!(:pool_size, n, "--pool-size")
-  rescue
-    e in PhoenixKitAgent.Turns.Locks.Error -> Mix.raise("locks.bench: " <> Exception.message(e))
-  end
-
   defp alternate(nil), do: nil
   defp alternate(n) when n >= 5, do: n
 
   defp alternate(n),
     do: Mix.raise("locks.bench: --alternate takes at least 5 runs a point, got #{n}")
-
-  defp list(nil, default), do: default
-  defp list(text, _default), do: text |> String.split(",", trim: true) |> Enum.map(&String.trim/1)
-
-  # The rows of a workload are 50 per kind: caller k uses row k.
-  defp caller_count(text, option) do
-    case Integer.parse(text) do
-      {n, ""} when n in 1..50 -> n
-      _ -> Mix.raise("locks.bench: #{option} takes numbers from 1 to 50, got #{text}")
-    end
-  end
-
-  defp positive(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n > 0 ->
-        n
-
-      _ ->
-        Mix.raise(
-          "locks.bench: --#{String.replace(to_string(key), "_", "-")} must be a positive integer"
-        )
-    end
-  end
 end

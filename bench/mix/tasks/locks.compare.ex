@@ -40,14 +40,16 @@ defmodule Mix.Tasks.Locks.Compare do
     * `--read-callers` - callers of `reads`. Defaults to `10,50`.
     * `--duration` - seconds timed a run. Defaults to 3.
     * `--warmup` - milliseconds of untimed ops before each. Defaults to 1000.
-    * `--pool-size` - every arm's pool size. Defaults to the configuration's.
+    * `--pool-size` - every arm's pool size, at most the default (dirty-I/O
+      schedulers − 2). Defaults to the configuration's.
     * `--out` - the markdown file. Defaults to `bench/compare.md`.
   """
 
   use Mix.Task
 
-  alias PhoenixKitAgent.Turns.Locks.Bench.Compare
-  alias PhoenixKitAgent.Turns.Locks.Config
+  alias PhoenixKitAgent.Turns.Locks.Bench.{Compare, Options}
+
+  @task "locks.compare"
 
   @switches [
     head: :string,
@@ -72,11 +74,11 @@ defmodule Mix.Tasks.Locks.Compare do
     opts = [
       base: base,
       head: parsed[:head] || "HEAD",
-      rounds: positive(parsed, :rounds, 10),
+      rounds: Options.positive(@task, parsed, :rounds, 10),
       points: points(parsed),
-      duration: positive(parsed, :duration, 3),
-      warmup: positive(parsed, :warmup, 1000),
-      pool_size: parsed[:pool_size] && pool_size(parsed[:pool_size]),
+      duration: Options.positive(@task, parsed, :duration, 3),
+      warmup: Options.positive(@task, parsed, :warmup, 1000),
+      pool_size: parsed[:pool_size] && Options.pool_size(@task, parsed[:pool_size]),
       out: parsed[:out] || "bench/compare.md"
     ]
 
@@ -88,15 +90,8 @@ defmodule Mix.Tasks.Locks.Compare do
     end
   end
 
-  # Checked as the configuration's pool_size is, with its limits.
-  defp pool_size(n) do
-    Config.check!(:pool_size, n, "--pool-size")
-  rescue
-    e in PhoenixKitAgent.Turns.Locks.Error -> Mix.raise("locks.compare: " <> Exception.message(e))
-  end
-
   defp points(opts) do
-    workloads = list(opts[:workloads], ~w(cycle reads))
+    workloads = Options.list(opts[:workloads], ~w(cycle reads))
 
     case workloads -- ~w(cycle reads) do
       [] -> :ok
@@ -108,23 +103,9 @@ defmodule Mix.Tasks.Locks.Compare do
         do: {workload, n}
   end
 
-  defp callers(opts, "cycle"), do: opts[:cycle_callers] |> list(~w(1 10 50)) |> Enum.map(&count/1)
-  defp callers(opts, "reads"), do: opts[:read_callers] |> list(~w(10 50)) |> Enum.map(&count/1)
+  defp callers(opts, "cycle"),
+    do: Options.callers(@task, opts[:cycle_callers], ~w(1 10 50), "--cycle-callers")
 
-  defp count(text) do
-    case Integer.parse(text) do
-      {n, ""} when n in 1..50 -> n
-      _ -> Mix.raise("locks.compare: callers are numbers from 1 to 50, got #{inspect(text)}")
-    end
-  end
-
-  defp list(nil, default), do: default
-  defp list(text, _default), do: text |> String.split(",", trim: true) |> Enum.map(&String.trim/1)
-
-  defp positive(opts, key, default) do
-    case Keyword.get(opts, key, default) do
-      n when is_integer(n) and n > 0 -> n
-      n -> Mix.raise("locks.compare: --#{String.replace("#{key}", "_", "-")} takes a positive number, got #{n}")
-    end
-  end
+  defp callers(opts, "reads"),
+    do: Options.callers(@task, opts[:read_callers], ~w(10 50), "--read-callers")
 end
