@@ -86,6 +86,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
   end
 
   @schema "phoenix_kit_agent_locks_bench"
+  @chats "phoenix_kit_agent_conversations"
+  @users "phoenix_kit_agent_user_settings"
   # The library's root: its git checkout (the report's commit) and its
   # cargo workspace (the floor).
   @root Path.expand("..", __DIR__)
@@ -229,22 +231,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
       pgbench: pgbench,
       shell: System.find_executable("bash"),
       tmp: tmp,
-      chats: qualified("phoenix_kit_agent_conversations"),
-      users: qualified("phoenix_kit_agent_user_settings"),
+      chats: qualified(@chats),
+      users: qualified(@users),
       started: DateTime.utc_now() |> DateTime.truncate(:second),
       loadavg_start: loadavg()
     }
 
-    values = fn kind ->
-      for ns <- @namespaces,
-          k <- 0..(@rows_per_ns - 1),
-          do: "('#{uuid("bench/#{ns}/#{kind}/#{k}")}')"
+    uuids = fn kind ->
+      for ns <- @namespaces, k <- 0..(@rows_per_ns - 1), do: uuid("bench/#{ns}/#{kind}/#{k}")
     end
 
-    psql!(ctx, [
-      "INSERT INTO #{ctx.chats} (uuid) VALUES #{Enum.join(values.("chat"), ",")} ON CONFLICT DO NOTHING",
-      "INSERT INTO #{ctx.users} (user_uuid) VALUES #{Enum.join(values.("user"), ",")} ON CONFLICT DO NOTHING"
-    ])
+    psql!(ctx, rows_statements(uuids.("chat"), uuids.("user")))
 
     ctx =
       ctx
@@ -256,10 +253,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
     Map.put(ctx, :peer, peer(ctx, opts[:peer]))
   end
 
+  @doc false
   # What makes a commit durable, and so what a write costs: a production
-  # server has all three on; the private cluster of scripts/pg all off.
+  # server has all three on; the private cluster of scripts/pg all off
+  # (`mix locks.compare` reports them too).
+  def durability_settings, do: ~w(fsync synchronous_commit full_page_writes)
+
   defp settings(ctx) do
-    names = ~w(fsync synchronous_commit full_page_writes)
+    names = durability_settings()
     values = psql!(ctx, Enum.map(names, &"SHOW #{&1}"))
     Enum.zip(names, Enum.map(values, &hd/1))
   end
@@ -291,15 +292,28 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench do
 
   defp qualified(name), do: ~s("#{@schema}".#{name})
 
-  # Frees every bench lock and vacuums, so each run starts from the same state.
-  defp reset!(ctx) do
-    psql!(ctx, [
-      "UPDATE #{ctx.chats} SET busy_since = NULL, busy_turn_ref = NULL WHERE busy_turn_ref IS NOT NULL",
-      "UPDATE #{ctx.users} SET busy_since = NULL, busy_turn_ref = NULL WHERE busy_turn_ref IS NOT NULL",
-      "VACUUM ANALYZE #{ctx.chats}",
-      "VACUUM ANALYZE #{ctx.users}"
-    ])
+  @doc false
+  # The rows of chats and users (uuids) in the bench's schema, made if
+  # missing (`mix locks.compare`'s too).
+  def rows_statements(chats, users) do
+    values = &Enum.map_join(&1, ",", fn uuid -> "('#{uuid}')" end)
+
+    [
+      "INSERT INTO #{qualified(@chats)} (uuid) VALUES #{values.(chats)} ON CONFLICT DO NOTHING",
+      "INSERT INTO #{qualified(@users)} (user_uuid) VALUES #{values.(users)} ON CONFLICT DO NOTHING"
+    ]
   end
+
+  @doc false
+  # Frees every lock in the bench's schema (`mix locks.compare` too).
+  def free_statements do
+    for table <- [@chats, @users],
+        do: "UPDATE #{qualified(table)} SET busy_since = NULL, busy_turn_ref = NULL WHERE busy_turn_ref IS NOT NULL"
+  end
+
+  # Frees every bench lock and vacuums, so each run starts from the same state.
+  defp reset!(ctx),
+    do: psql!(ctx, free_statements() ++ ["VACUUM ANALYZE #{ctx.chats}", "VACUUM ANALYZE #{ctx.users}"])
 
   ## The statement texts, as the pool sends them
 

@@ -125,22 +125,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
     pairs = for k <- 0..(callers - 1), do: {Bench.uuid("bench/compare/chat/#{k}"), Bench.uuid("bench/compare/user/#{k}")}
     :ok = Native.start(config)
     :ok = Schema.setup!(:tables)
-    values = fn pick -> Enum.map_join(pairs, ",", &"('#{pick.(&1)}')") end
-    schema = ~s("#{Bench.schema()}")
-
-    psql!(config, [
-      "INSERT INTO #{schema}.phoenix_kit_agent_conversations (uuid) VALUES #{values.(&elem(&1, 0))} ON CONFLICT DO NOTHING",
-      "INSERT INTO #{schema}.phoenix_kit_agent_user_settings (user_uuid) VALUES #{values.(&elem(&1, 1))} ON CONFLICT DO NOTHING",
-      "UPDATE #{schema}.phoenix_kit_agent_conversations SET busy_since = NULL, busy_turn_ref = NULL WHERE busy_turn_ref IS NOT NULL",
-      "UPDATE #{schema}.phoenix_kit_agent_user_settings SET busy_since = NULL, busy_turn_ref = NULL WHERE busy_turn_ref IS NOT NULL"
-    ])
+    {chats, users} = Enum.unzip(pairs)
+    psql!(config, Bench.rows_statements(chats, users) ++ Bench.free_statements())
 
     with {:ok, configured} <- Config.read(), do: Native.start(configured)
     Enum.map(pairs, fn {chat, user} -> chat <> "," <> user end)
   end
 
   defp settings(config) do
-    names = ~w(fsync synchronous_commit full_page_writes)
+    names = Bench.durability_settings()
     values = psql!(config, Enum.map(names, &"SHOW #{&1}"))
     Enum.zip_with(names, values, fn name, [value] -> "#{name} #{value}" end) |> Enum.join(", ")
   end
@@ -209,7 +202,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
     figures =
       for field <- String.split(line), into: %{} do
         [key, value] = String.split(field, "=")
-        {String.to_atom(key), String.to_integer(value)}
+        {String.to_existing_atom(key), String.to_integer(value)}
       end
 
     per_op = fn ticks -> ticks * 1.0e6 / Bench.CPU.hz() / max(figures.ops, 1) end
@@ -226,10 +219,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
 
   # [%{round, point, arm, ops_s, cpu, dirty_io, schedulers}].
   defp rounds(arms, callers, opts) do
-    for round <- 1..opts[:rounds], {workload, n} = point <- opts[:points], arm <- turn(round) do
-      figures = measure(arms[arm], point, callers, opts)
-      if arm == List.last(turn(round)), do: info("round #{round}/#{opts[:rounds]}: #{workload} x#{n}")
-      Map.merge(figures, %{round: round, point: point, arm: arm})
+    for round <- 1..opts[:rounds], {workload, n} = point <- opts[:points], reduce: [] do
+      done ->
+        runs = for arm <- turn(round), do: Map.merge(measure(arms[arm], point, callers, opts), %{round: round, point: point, arm: arm})
+        info("round #{round}/#{opts[:rounds]}: #{workload} x#{n}")
+        done ++ runs
     end
   end
 
@@ -313,16 +307,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
   # "median (min–max) [lo–hi]", [lo–hi] the 90 % percentile-bootstrap
   # interval of the median.
   def interval(ratios) do
-    :rand.seed(:exsss, {26, 6, 2026})
     n = length(ratios)
     tuple = List.to_tuple(ratios)
+    # A seeded state of its own: the caller's random numbers stay its own.
+    pick = fn _, state -> :rand.uniform_s(n, state) |> then(fn {i, s} -> {elem(tuple, i - 1), s} end) end
 
-    medians =
-      for _ <- 1..@resamples do
-        Bench.med(for _ <- 1..n, do: elem(tuple, :rand.uniform(n) - 1))
-      end
-      |> Enum.sort()
-      |> List.to_tuple()
+    {medians, _} =
+      Enum.map_reduce(1..@resamples, :rand.seed_s(:exsss, {26, 6, 2026}), fn _, state ->
+        {sample, state} = Enum.map_reduce(1..n, state, pick)
+        {Bench.med(sample), state}
+      end)
+
+    medians = medians |> Enum.sort() |> List.to_tuple()
 
     lo = elem(medians, round(0.05 * (@resamples - 1)))
     hi = elem(medians, round(0.95 * (@resamples - 1)))
