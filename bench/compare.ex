@@ -193,7 +193,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
 
   @doc false
   # One run of `{workload, n}` in the arm `port` by the first n of
-  # `callers`: `%{ops_s, cpu, dirty_io, schedulers}`, CPU in µs per op.
+  # `callers`: `%{ops_s, cpu, dirty_io, schedulers}`, CPU in µs per op, and
+  # `ticks`, the arm's CPU as it counted it (clock ticks, exact).
   def measure(port, {workload, n}, callers, opts) do
     pairs = callers |> Enum.take(n) |> Enum.join(" ")
     Port.command(port, "run #{workload} #{opts[:warmup]} #{opts[:duration] * 1000} #{pairs}\n")
@@ -211,7 +212,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Bench.Compare do
       ops_s: figures.ops * 1.0e6 / figures.us,
       cpu: per_op.(figures.cpu),
       dirty_io: per_op.(figures.dirty_io),
-      schedulers: per_op.(figures.schedulers)
+      schedulers: per_op.(figures.schedulers),
+      ticks: Map.take(figures, [:cpu, :dirty_io, :schedulers])
     }
   end
 
