@@ -18,8 +18,24 @@ defmodule Mix.Tasks.Compile.LocksNif do
   def run(_args) do
     # The library's directory, also as a dependency (Mix pushes its project).
     root = Path.dirname(Mix.Project.project_file())
-    compile(settings(root), Path.join(Mix.Project.app_path(), "priv/native/liblocks_nif.so"))
+    dest = Path.join(Mix.Project.app_path(), "priv/native/liblocks_nif.so")
+    # Whether this VM runs a NIF already, from the library about to be replaced.
+    running? = :code.is_loaded(@native) != false and @native.loaded()
+    stale(compile(settings(root), dest), running?, dest)
   end
+
+  @doc false
+  # A new library installed while this VM runs the one it replaces (loaded at
+  # its start, or by the compile of the Native module that came first): its
+  # calls would run the old code, or find a new function missing. Public for the tests.
+  def stale({:ok, []}, true, dest) do
+    error(
+      "#{dest} is a new build, but this VM runs the NIF it replaces " <>
+        "(rustler cannot replace a loaded NIF): run the command again, or restart the VM"
+    )
+  end
+
+  def stale(result, _running?, _dest), do: result
 
   # The library and its stamp.
   @impl true

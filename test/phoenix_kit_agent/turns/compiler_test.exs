@@ -17,6 +17,22 @@ defmodule PhoenixKitAgent.Turns.CompilerTest do
     %{dir: dir}
   end
 
+  test "a new build installed while the VM runs the NIF it replaces fails the compile, " <>
+         "naming the way out; a current one, or one installed first, passes",
+       %{dir: dir} do
+    dest = Path.join(dir, "liblocks_nif.so")
+
+    {{:error, [%{message: message, severity: :error}]}, _} =
+      with_io(:stderr, fn -> LocksNif.stale({:ok, []}, true, dest) end)
+
+    assert message ==
+             "#{dest} is a new build, but this VM runs the NIF it replaces " <>
+               "(rustler cannot replace a loaded NIF): run the command again, or restart the VM"
+
+    assert LocksNif.stale({:noop, []}, true, dest) == {:noop, []}
+    assert LocksNif.stale({:ok, []}, false, dest) == {:ok, []}
+  end
+
   test "a new build is renamed into place: the installed file is never written into",
        %{dir: dir} do
     dest = Path.join(dir, "priv/native/liblocks_nif.so")
