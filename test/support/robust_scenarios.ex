@@ -342,9 +342,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   # runs its NIF call and every other one waits in line, in the order given
   # (so the test knows the order the slots are handed in); `answers/1`
   # collects, for each, `{answer, mailbox}`: `Race.attempt/2`'s value and
-  # what was left in the caller's mailbox; `runs/0` counts the NIF calls.
+  # what was left in the caller's mailbox; `runs/0` counts the NIF calls of each kind.
   # Any caller can be killed (`kill/1`): its answer is then `:killed`. `hold_slot/0` waits in line for a slot (with `Native.run/3`,
-  # as `Locks.call/3` does), and never starts one it is handed.
+  # which puts a caller that finds none in line too), and never starts one it is handed.
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
@@ -353,7 +353,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
   def start([first | queued]) do
     collector = self_collector()
     # Counts the NIF calls from here on, in any process (`runs/0`).
-    1 = :erlang.trace_pattern({Locks.Native, :run, 3}, true, [:call_count])
+    for nif <- [:enter, :run],
+        do: 1 = :erlang.trace_pattern({Locks.Native, nif, 3}, true, [:call_count])
+
     first = call(collector, 0, first)
     # Its statement sent: it runs on a dirty-I/O scheduler, not just holds a slot.
     running = {:current_function, {Locks.Native, :run, 3}}
@@ -367,10 +369,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     :ok
   end
 
-  @doc "How many times `Native.run/3` was called since `start/1`."
+  @doc "How many times `Native.enter/3` and `Native.run/3` were called since `start/1`."
   def runs do
-    {:call_count, n} = :erlang.trace_info({Locks.Native, :run, 3}, :call_count)
-    n
+    Map.new([:enter, :run], fn nif ->
+      {:call_count, n} = :erlang.trace_info({Locks.Native, nif, 3}, :call_count)
+      {nif, n}
+    end)
   end
 
   def kill(i) do

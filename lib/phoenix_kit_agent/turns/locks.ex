@@ -429,7 +429,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @doc false
   # One lock call, by the protocol of native/locks_core/src/queue.rs.
   def call(function, start, args) do
-    case Native.run(start, function, args) do
+    case with(:go <- Native.enter(start, function, args), do: Native.run(start, function, args)) do
       {:wait, ms} -> await(ms, nil, fn -> call(function, start, args) end)
       answer -> answer
     end

@@ -8,9 +8,11 @@
 //! **deadline** (its stamp plus the checkout timeout) passes. A caller is
 //! **watched** (the NIF's monitor) from its first call until it dies.
 //!
-//! 1. [`Queue::take`], in the call's one dirty-I/O NIF call: a slot while one
-//!    is free and nobody waits, and the call runs at once; else a place at
-//!    the end of the line, and the NIF returns at once, having done no I/O.
+//! 1. [`Queue::take`], on a dirty-I/O scheduler: a slot while one is free and
+//!    nobody waits, or the one handed to the caller, and the call runs; else a
+//!    place at the end of the line, having done no I/O. While the last call
+//!    had to wait, `take` first looks on the caller's own scheduler, and a
+//!    caller with no slot in sight waits with no dirty-I/O scheduler used.
 //! 2. [`Queue::finish`], when a call ends: it takes the first call in line
 //!    and runs it on its own slot, the reply the answer ([`RUN_NEXT`] at
 //!    most); then the slot goes to the first in line, whose reply is **go**:
@@ -86,14 +88,17 @@ impl<K: Ord + Copy, W> Queue<K, W> {
     }
 
     /// `Some(call)`: `key` runs `call` now, with a slot: one free while
-    /// nobody waits, or the one handed to it. `None`: it waits in line with
+    /// nobody waits, or the one handed to it; unless `run` is false, which
+    /// leaves that slot for the `take` to come. `None`: it waits in line with
     /// `call` (where it was, if it was). Not yet watched, it is first: if
     /// `watch` fails (it is dead), it is in neither.
-    pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool) -> Option<W> {
+    pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool, run: bool) -> Option<W> {
         let mut state = self.lock();
         if let Some(i) = state.held.iter().position(|(k, _)| *k == key) {
-            state.held.swap_remove(i);
-            state.running += 1;
+            if run {
+                state.held.swap_remove(i);
+                state.running += 1;
+            }
             return Some(call);
         }
         if let Some((_, waiting)) = state.line.iter_mut().find(|(k, _)| *k == key) {
@@ -105,7 +110,7 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         }
         state.watched.insert(key);
         if state.line.is_empty() && state.used() < state.limit {
-            state.running += 1;
+            state.running += usize::from(run);
             return Some(call);
         }
         state.line.push_back((key, call));

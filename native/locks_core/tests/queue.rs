@@ -32,11 +32,11 @@ fn queue(limit: usize) -> Q {
 
 /// `who` takes a slot (a free one, or the one handed to it) and runs its call.
 fn run(queue: &Q, who: &'static str) {
-    assert_eq!(queue.take(who, who, || true), Some(who), "{who} should find a slot");
+    assert_eq!(queue.take(who, who, || true, true), Some(who), "{who} should find a slot");
 }
 
 fn wait(queue: &Q, who: &'static str) {
-    assert_eq!(queue.take(who, who, || true), None, "{who} should wait");
+    assert_eq!(queue.take(who, who, || true, true), None, "{who} should wait");
 }
 
 fn counts(limit: usize, running: usize, held: usize, waiting: usize) -> Counts {
@@ -50,7 +50,7 @@ fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
     run(&queue, "b");
     wait(&queue, "c");
     // A caller keeps its one place in line; its latest call is the one in it.
-    assert_eq!(queue.take("c", "c-2", || true), None);
+    assert_eq!(queue.take("c", "c-2", || true, true), None);
     assert_eq!(queue.counts(), counts(2, 2, 0, 1));
     assert_eq!(queue.leave(&"c", |_, _| {}), Some("c-2"));
 }
@@ -58,10 +58,10 @@ fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
 #[test]
 fn a_caller_that_cannot_be_watched_takes_nothing() {
     let queue = queue(1);
-    assert_eq!(queue.take("a", "a", || false), None);
+    assert_eq!(queue.take("a", "a", || false, true), None);
     assert_eq!(queue.counts(), counts(1, 0, 0, 0));
     run(&queue, "b");
-    assert_eq!(queue.take("c", "c", || false), None);
+    assert_eq!(queue.take("c", "c", || false, true), None);
     assert_eq!(queue.counts(), counts(1, 1, 0, 0));
 }
 
@@ -78,7 +78,7 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     wait(&queue, "d");
     assert_eq!(queue.counts(), counts(1, 0, 1, 2));
     // b's call again (after its go): its own slot, with the call it makes now.
-    assert_eq!(queue.take("b", "b-2", || true), Some("b-2"));
+    assert_eq!(queue.take("b", "b-2", || true, true), Some("b-2"));
     assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["c"]);
 }
@@ -197,20 +197,20 @@ fn a_late_go_is_sent_only_for_the_slot_it_is_about_until_it_is_taken() {
     };
     run(&queue, "b");
     // a waits; b's call ends and hands the slot to a (first handing)…
-    assert_eq!(queue.take("a", "a-1", || true), None);
+    assert_eq!(queue.take("a", "a-1", || true, true), None);
     assert_eq!(queue.finish(|| false, told.go()), None);
     // …a leaves at its deadline unaware, waits again behind c, and is
     // handed the slot again (second handing).
     assert_eq!(queue.leave(&"a", told.go()), Some("a-1"));
     run(&queue, "c");
-    assert_eq!(queue.take("a", "a-2", || true), None);
+    assert_eq!(queue.take("a", "a-2", || true, true), None);
     assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["a", "a"]);
     // The first handing's late go finds the second, and is not sent.
     late("a-1");
     late("a-2");
     // a takes the slot: a go sent late for it now is not sent either.
-    assert_eq!(queue.take("a", "a-3", || true), Some("a-3"));
+    assert_eq!(queue.take("a", "a-3", || true, true), Some("a-3"));
     late("a-2");
     assert_eq!(*sent.borrow(), ["a-2"]);
 }
@@ -222,16 +222,35 @@ fn a_caller_is_watched_from_its_first_call_until_it_is_gone() {
     run(&queue, "a");
     assert_eq!(queue.finish(|| false, told.go()), None);
     // a's next call: a is watched already.
-    assert_eq!(queue.take("a", "a", || panic!("a is watched already")), Some("a"));
+    assert_eq!(queue.take("a", "a", || panic!("a is watched already"), true), Some("a"));
     // b dies in line: it leaves, and is watched anew when it comes back.
     wait(&queue, "b");
     queue.gone(&"b", told.go());
     assert_eq!(queue.counts(), counts(1, 1, 0, 0));
     let watched = Cell::new(false);
-    let taken = queue.take("b", "b", || {
+    let watch = || {
         watched.set(true);
         true
-    });
+    };
+    let taken = queue.take("b", "b", watch, true);
     assert_eq!(taken, None);
     assert!(watched.get());
+}
+
+#[test]
+fn a_take_that_does_not_run_leaves_the_slot_for_the_take_that_runs() {
+    let queue = queue(1);
+    let told = Told::default();
+    // A free slot, in sight but not taken: b takes it first, and a waits.
+    assert_eq!(queue.take("a", "a", || true, false), Some("a"));
+    assert_eq!(queue.counts(), counts(1, 0, 0, 0));
+    run(&queue, "b");
+    wait(&queue, "a");
+    // The slot handed to a stays held until a's take that runs.
+    assert_eq!(queue.finish(|| false, told.go()), None);
+    assert_eq!(told.take(), ["a"]);
+    assert_eq!(queue.take("a", "a", || true, false), Some("a"));
+    assert_eq!(queue.counts(), counts(1, 0, 1, 0));
+    run(&queue, "a");
+    assert_eq!(queue.counts(), counts(1, 1, 0, 0));
 }

@@ -1,12 +1,14 @@
-//! How one lock call runs: the NIFs `run/3` and `leave/0` of the protocol
+//! How one lock call runs: the NIFs `enter/3`, `run/3` and `leave/0` of the protocol
 //! that `locks_core::queue` states, and a waiter's [`Reply`].
 
 use std::cell::OnceCell;
-use std::sync::{atomic::AtomicU64, atomic::Ordering, mpsc, mpsc::Sender, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, mpsc::Sender, OnceLock};
 use std::time::{Duration, Instant};
 
 use locks_core::queue::{Queue, RUN_NEXT};
 use locks_core::{global, Answer, Deadline, Error, Job, Settings};
+use rustler::sys::{enif_monotonic_time, ErlNifTimeUnit::ERL_NIF_NSEC};
 use rustler::{Encoder, Env, LocalPid, Monitor, NifResult, OwnedEnv, Resource, ResourceArc, Term};
 
 use crate::atoms;
@@ -16,7 +18,7 @@ use crate::locks::{encode, job};
 /// The slots of this VM, and its callers with their calls.
 pub static QUEUE: Queue<LocalPid, Waiter> = Queue::new();
 
-/// A caller's call, decoded once, and its ticket, which no other call has.
+/// A caller's call, decoded, and its ticket, which no other call has.
 pub struct Waiter {
     ticket: u64,
     start: i64,
@@ -24,8 +26,8 @@ pub struct Waiter {
 }
 
 /// The one message a caller in line gets, `{:phoenix_kit_agent_locks, reply}`:
-/// `:go` (a slot is its own: it runs its call by `run/3` again), or the outcome of
-/// its call taken from the line, `{:ok, answer}` or `{:error, exception}`.
+/// `:go` (a slot is its own: it makes its call again), or the outcome of its
+/// call taken from the line, `{:ok, answer}` or `{:error, exception}`.
 enum Reply {
     Go,
     Answer(Answer),
@@ -100,21 +102,12 @@ fn later(work: impl FnOnce() + Send + 'static) -> bool {
     LATER.get_or_init(start).as_ref().is_some_and(|later| later.send(Box::new(work)).is_ok())
 }
 
-fn callers() -> &'static ResourceArc<Callers> {
-    static CALLERS: OnceLock<ResourceArc<Callers>> = OnceLock::new();
-    CALLERS.get_or_init(|| ResourceArc::new(Callers))
-}
-
-/// The Erlang monotonic clock in nanoseconds, which callers stamp calls by.
+/// The time since `start`, a caller's stamp (Erlang monotonic ns); a future one is now.
 #[allow(unsafe_code)]
-fn now_ns() -> i64 {
-    // SAFETY: it only reads the VM's clock, from any thread, and takes no pointer.
-    unsafe { rustler::sys::enif_monotonic_time(rustler::sys::ErlNifTimeUnit::ERL_NIF_NSEC) }
-}
-
-/// The time since the stamp `start`; a stamp from the future counts as now.
 fn since(start: i64) -> Duration {
-    Duration::from_nanos(u64::try_from(now_ns().saturating_sub(start)).unwrap_or(0))
+    // SAFETY: it only reads the VM's clock, from any thread, and takes no pointer.
+    let now = unsafe { enif_monotonic_time(ERL_NIF_NSEC) };
+    Duration::from_nanos(u64::try_from(now.saturating_sub(start)).unwrap_or(0))
 }
 
 /// The deadline of a call stamped `start`, on the core's clock.
@@ -130,28 +123,30 @@ fn leave(env: Env<'_>) -> Term<'_> {
     if QUEUE.leave(&env.pid(), go(env)).is_none() {
         return atoms::taken().encode(env);
     }
-    match global::current() {
-        Ok(pool) => exception(Error::PoolTimeout(pool.settings().checkout())),
-        Err(err) => exception(err),
-    }
-    .encode(env)
+    let left = global::current().map(|pool| Error::PoolTimeout(pool.settings().checkout()));
+    exception(left.unwrap_or_else(|err| err)).encode(env)
 }
 
-/// The call decoded (a bad argument takes nothing), then run with a slot,
-/// freed on every path out: a free one while nobody waits, or the one
-/// handed to the caller (its go); else a place in line, answered at once
-/// `{:wait, ms}`, `ms` to the deadline (0 without a pool).
+/// On the caller's scheduler: `:go`, and `run/3` runs the call; but while
+/// the last call had to wait, only with a slot in sight (a free one while
+/// nobody waits, or the one handed to it): else a place in line and `{:wait, ms}`.
+#[rustler::nif]
+fn enter<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
+    if WAITED.load(Ordering::Relaxed) {
+        if take(env, start, job(env, function, args)?, false).is_none() {
+            return Ok(wait(env, start));
+        }
+        WAITED.store(false, Ordering::Relaxed);
+    }
+    Ok(atoms::go().encode(env))
+}
+
+/// On a dirty-I/O scheduler: the call run with its slot, freed on every path
+/// out; or, the slot taken meanwhile, in line as from `enter/3`.
 #[rustler::nif(schedule = "DirtyIo")]
 fn run<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
     let job = job(env, function, args)?;
-    static TICKETS: AtomicU64 = AtomicU64::new(0);
-    let (pid, ticket) = (env.pid(), TICKETS.fetch_add(1, Ordering::Relaxed));
-    let watch = || env.monitor(callers(), &pid).is_some();
-    let Some(waiter) = QUEUE.take(pid, Waiter { ticket, start, job }, watch) else {
-        let checkout = global::current().map_or(Duration::ZERO, |pool| pool.settings().checkout());
-        let left = checkout.saturating_sub(since(start)).as_nanos().div_ceil(1_000_000);
-        return Ok((atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env));
-    };
+    let Some(waiter) = take(env, start, job, true) else { return Ok(wait(env, start)) };
     let mut slot = Slot { env, own: None };
     let pool = global::current().map_err(raise)?;
     let own = deadline(waiter.start, pool.settings());
@@ -160,11 +155,30 @@ fn run<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifR
     Ok(encode(env, &answer))
 }
 
+/// The call [`Queue::take`]n.
+fn take(env: Env<'_>, start: i64, job: Job, run: bool) -> Option<Waiter> {
+    static TICKETS: AtomicU64 = AtomicU64::new(0);
+    static CALLERS: OnceLock<ResourceArc<Callers>> = OnceLock::new();
+    let (pid, ticket) = (env.pid(), TICKETS.fetch_add(1, Ordering::Relaxed));
+    let watch = || env.monitor(CALLERS.get_or_init(|| ResourceArc::new(Callers)), &pid).is_some();
+    QUEUE.take(pid, Waiter { ticket, start, job }, watch, run)
+}
+
+/// Whether the last call had to wait.
+static WAITED: AtomicBool = AtomicBool::new(false);
+
+/// `{:wait, ms}`: `ms` to the deadline of a call stamped `start` (0 without a pool).
+fn wait(env: Env<'_>, start: i64) -> Term<'_> {
+    WAITED.store(true, Ordering::Relaxed);
+    let checkout = global::current().map_or(Duration::ZERO, |pool| pool.settings().checkout());
+    let left = checkout.saturating_sub(since(start)).as_nanos().div_ceil(1_000_000);
+    (atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env)
+}
+
 /// A started slot, finished when dropped. Once its own call has succeeded
-/// (`own`: its deadline), it runs up to `RUN_NEXT` calls from the line, each
-/// by the earlier of its own deadline and `own`, until one fails or `own`
-/// passes. A failed call, or a dead caller's, runs none (asked of the VM
-/// only when a call waits).
+/// (`own`: its deadline), it runs up to `RUN_NEXT` calls from the line, each by
+/// the earlier of its own deadline and `own`, until one fails or `own` passes.
+/// A failed call, or a dead caller's, runs none (asked only when a call waits).
 struct Slot<'a> {
     env: Env<'a>,
     own: Option<Deadline>,

@@ -1,6 +1,6 @@
 //! The NIF of `PhoenixKitAgent.Turns.Locks.Native`: terms in, `locks_core`
 //! calls, terms out; nothing here decides anything about locks. How a lock
-//! call runs: `call.rs`, whose `now_ns` is the one `unsafe` call.
+//! call runs: `call.rs`, whose `since` makes the one `unsafe` call.
 
 #![deny(unsafe_code)]
 

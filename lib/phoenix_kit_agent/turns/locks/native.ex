@@ -40,6 +40,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   def repo_fence_sql, do: :erlang.nif_error(not_loaded())
 
   # A lock call (call.rs): its stamp (monotonic ns), the Locks function, its checked args.
+  def enter(_start, _function, _args), do: :erlang.nif_error(not_loaded())
   def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
   def leave, do: :erlang.nif_error(not_loaded())
   def status, do: :erlang.nif_error(not_loaded())
