@@ -26,13 +26,17 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
   @doc false
   # A new library installed while this VM runs the one it replaces (loaded at
-  # its start, or by the compile of the Native module that came first): its
-  # calls would run the old code, or find a new function missing. Public for the tests.
+  # its start, or by the compile of the Native module that came first): what
+  # runs in this VM runs the old code. A warning, not an error: a `mix compile`
+  # or `mix release` that ends here has installed the right library. Public for the tests.
   def stale({:ok, []}, true, dest) do
-    error(
-      "#{dest} is a new build, but this VM runs the NIF it replaces " <>
-        "(rustler cannot replace a loaded NIF): run the command again, or restart the VM"
-    )
+    message =
+      "#{dest} is a new build, but this VM runs the NIF it replaces (rustler cannot " <>
+        "replace a loaded NIF): what runs in this VM runs the old native code; " <>
+        "run the command again, or restart the VM"
+
+    Mix.shell().error("locks_nif: warning: " <> message)
+    {:ok, [diagnostic(message, :warning)]}
   end
 
   def stale(result, _running?, _dest), do: result
@@ -211,7 +215,11 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
   defp error(message) do
     Mix.shell().error("locks_nif: " <> message)
+    {:error, [diagnostic(message, :error)]}
+  end
+
+  defp diagnostic(message, severity) do
     where = [compiler_name: "locks_nif", file: "native/locks_nif", position: nil]
-    {:error, [struct!(Diagnostic, where ++ [message: message, severity: :error])]}
+    struct!(Diagnostic, where ++ [message: message, severity: severity])
   end
 end

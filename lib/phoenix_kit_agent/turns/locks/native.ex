@@ -55,9 +55,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # The exception a stub raises. Raised by `:erlang.nif_error/1`, as rustler's
   # stubs are, so that Elixir's type checker (1.18 on) reads a stub's result
   # as any term, not as `none()`, at the call sites that match it.
+  # With a NIF loaded (its rules kept), a stub runs only when that library is
+  # older than this module and lacks the function (README, "Limits").
   defp not_loaded do
     why = :persistent_term.get(@load_error, "not loaded")
-    message = "the locks NIF is not loaded (#{why}); run `mix compile`"
+
+    message =
+      case :persistent_term.get({__MODULE__, :rules}, nil) do
+        nil -> "the locks NIF is not loaded (#{why}); run `mix compile`"
+        _loaded -> "the locks NIF this VM loaded is older than this code: restart the VM"
+      end
+
     %PhoenixKitAgent.Turns.Locks.Error{reason: :nif_not_loaded, message: message}
   end
 end
