@@ -164,7 +164,8 @@ fn take(env: Env<'_>, start: i64, job: Job, run: bool) -> Option<Waiter> {
     QUEUE.take(pid, Waiter { ticket, start, job }, watch, run)
 }
 
-/// Whether the last call had to wait.
+/// Whether the last call had to wait: set by [`wait`], cleared by `enter/3`
+/// when it finds a slot in sight.
 static WAITED: AtomicBool = AtomicBool::new(false);
 
 /// `{:wait, ms}`: `ms` to the deadline of a call stamped `start` (0 without a pool).

@@ -5,6 +5,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
 
   @on_load :load_nif
   @load_error {__MODULE__, :load_error}
+  @rules {__MODULE__, :rules}
 
   def load_nif do
     path = :filename.join(:code.priv_dir(:phoenix_kit_agent_locks), ~c"native/liblocks_nif")
@@ -21,7 +22,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
 
     case loaded do
       # Read by every call of PhoenixKitAgent.Turns.Locks: kept where that costs nothing.
-      :ok -> :persistent_term.put({__MODULE__, :rules}, rules())
+      :ok -> :persistent_term.put(@rules, rules())
       {:error, {:upgrade, _}} -> {:error, :running_version_keeps_the_nif}
       # Not an error: during the first `mix compile` the library is built only
       # after this module, and the compiler reloads it.
@@ -61,7 +62,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
     why = :persistent_term.get(@load_error, "not loaded")
 
     message =
-      case :persistent_term.get({__MODULE__, :rules}, nil) do
+      case :persistent_term.get(@rules, nil) do
         nil -> "the locks NIF is not loaded (#{why}); run `mix compile`"
         _loaded -> "the locks NIF this VM loaded is older than this code: restart the VM"
       end
