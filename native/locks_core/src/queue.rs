@@ -23,8 +23,8 @@
 //!
 //! A caller that dies leaves at once; a started call runs to its end even
 //! when its caller is killed. Slots are handed, and calls taken, with the
-//! queue locked. Closing hands the line slots (their calls find no pool).
-//! The queue keeps no clock.
+//! queue locked. With no pool there is no limit: every call runs at once, and
+//! finds none. The queue keeps no clock.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -33,11 +33,10 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 /// caller's answer wait one more statement, and saves a dirty-I/O call.
 pub const RUN_NEXT: usize = 8;
 
-/// What the queue holds: slots, calls running, slots handed and not yet taken, callers in line.
+/// What the queue holds: calls running, slots handed and not yet taken, callers in line.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[allow(missing_docs)]
 pub struct Counts {
-    pub limit: usize,
     pub running: usize,
     pub held: usize,
     pub waiting: usize,
@@ -56,10 +55,10 @@ struct State<K, W> {
 
 #[allow(clippy::new_without_default)] // `new` is const, for a static
 impl<K: Ord + Copy, W> Queue<K, W> {
-    /// A queue with no slots, until [`Queue::resize`].
+    /// A queue with no pool, until [`Queue::resize`].
     pub const fn new() -> Self {
         let state = State {
-            limit: 0,
+            limit: usize::MAX,
             running: 0,
             held: Vec::new(),
             line: VecDeque::new(),
@@ -72,19 +71,12 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sets the number of slots (a new pool's size) and hands the new ones.
-    pub fn resize(&self, limit: usize, go: impl FnMut(&K, &W)) {
+    /// Sets the number of slots, a new pool's size or none (no pool: no
+    /// limit), and hands the free ones.
+    pub fn resize(&self, limit: Option<usize>, go: impl FnMut(&K, &W)) {
         let mut state = self.lock();
-        state.limit = limit;
+        state.limit = limit.unwrap_or(usize::MAX);
         state.fill(go);
-    }
-
-    /// Every caller in line is handed a slot, and there are none from now on.
-    pub fn close(&self, go: impl FnMut(&K, &W)) {
-        let mut state = self.lock();
-        state.limit = usize::MAX;
-        state.fill(go);
-        state.limit = 0;
     }
 
     /// `Some(call)`: `key` runs `call` now, with a slot: one free while
@@ -140,8 +132,7 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         let left = match state.line.iter().position(|(k, _)| k == key) {
             Some(i) => state.line.remove(i),
             None => {
-                let i = state.held.iter().position(|(k, _)| k == key);
-                i.map(|i| state.held.swap_remove(i))
+                state.held.iter().position(|(k, _)| k == key).map(|i| state.held.swap_remove(i))
             }
         };
         state.fill(go);
@@ -166,12 +157,7 @@ impl<K: Ord + Copy, W> Queue<K, W> {
     /// What the queue holds right now.
     pub fn counts(&self) -> Counts {
         let state = self.lock();
-        Counts {
-            limit: state.limit,
-            running: state.running,
-            held: state.held.len(),
-            waiting: state.line.len(),
-        }
+        Counts { running: state.running, held: state.held.len(), waiting: state.line.len() }
     }
 }
 

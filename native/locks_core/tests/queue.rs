@@ -1,5 +1,5 @@
 //! The queue (`locks_core::queue`) through its public API: the limit, first
-//! come first served, calls taken from the line, leaving, a late go, a stop. Pure data: no database, no
+//! come first served, calls taken from the line, leaving, a late go, no pool. Pure data: no database, no
 //! VM. The callers are names; their watch is the name too, and "told"
 //! records the names sent go, in order.
 
@@ -25,7 +25,7 @@ impl Told {
 fn queue(limit: usize) -> Q {
     let queue = Q::new();
     let told = Told::default();
-    queue.resize(limit, told.go());
+    queue.resize(Some(limit), told.go());
     assert!(told.take().is_empty());
     queue
 }
@@ -39,8 +39,8 @@ fn wait(queue: &Q, who: &'static str) {
     assert_eq!(queue.take(who, who, || true, true), None, "{who} should wait");
 }
 
-fn counts(limit: usize, running: usize, held: usize, waiting: usize) -> Counts {
-    Counts { limit, running, held, waiting }
+fn counts(running: usize, held: usize, waiting: usize) -> Counts {
+    Counts { running, held, waiting }
 }
 
 #[test]
@@ -51,7 +51,7 @@ fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
     wait(&queue, "c");
     // A caller keeps its one place in line; its latest call is the one in it.
     assert_eq!(queue.take("c", "c-2", || true, true), None);
-    assert_eq!(queue.counts(), counts(2, 2, 0, 1));
+    assert_eq!(queue.counts(), counts(2, 0, 1));
     assert_eq!(queue.leave(&"c", |_, _| {}), Some("c-2"));
 }
 
@@ -59,10 +59,10 @@ fn a_free_slot_is_taken_at_once_then_callers_wait_in_line_once_each() {
 fn a_caller_that_cannot_be_watched_takes_nothing() {
     let queue = queue(1);
     assert_eq!(queue.take("a", "a", || false, true), None);
-    assert_eq!(queue.counts(), counts(1, 0, 0, 0));
+    assert_eq!(queue.counts(), counts(0, 0, 0));
     run(&queue, "b");
     assert_eq!(queue.take("c", "c", || false, true), None);
-    assert_eq!(queue.counts(), counts(1, 1, 0, 0));
+    assert_eq!(queue.counts(), counts(1, 0, 0));
 }
 
 #[test]
@@ -76,7 +76,7 @@ fn a_freed_slot_goes_to_the_first_in_line_and_newcomers_queue_behind() {
     assert_eq!(told.take(), ["b"]);
     // The slot is b's until b takes it or leaves: d waits behind c.
     wait(&queue, "d");
-    assert_eq!(queue.counts(), counts(1, 0, 1, 2));
+    assert_eq!(queue.counts(), counts(0, 1, 2));
     // b's call again (after its go): its own slot, with the call it makes now.
     assert_eq!(queue.take("b", "b-2", || true, true), Some("b-2"));
     assert_eq!(queue.finish(|| false, told.go()), None);
@@ -108,31 +108,33 @@ fn a_slot_given_back_before_it_is_taken_goes_to_the_next_in_line_at_once() {
     assert_eq!(told.take(), ["a"]);
     assert_eq!(queue.leave(&"a", told.go()), Some("a"));
     assert_eq!(told.take(), ["b"]);
-    assert_eq!(queue.counts(), counts(1, 0, 1, 0));
+    assert_eq!(queue.counts(), counts(0, 1, 0));
     // a holds nothing now: a new call of a's waits behind b's slot.
     wait(&queue, "a");
 }
 
 #[test]
-fn closing_hands_the_line_its_slots_and_nothing_more() {
+fn with_no_pool_the_line_is_handed_its_slots_and_calls_run_at_once() {
     let queue = queue(1);
     let told = Told::default();
     run(&queue, "a");
     wait(&queue, "b");
     wait(&queue, "c");
-    queue.close(told.go());
+    queue.resize(None, told.go());
     assert_eq!(told.take(), ["b", "c"]);
-    assert_eq!(queue.counts(), counts(0, 1, 2, 0));
-    assert_eq!(queue.finish(|| false, told.go()), None);
+    assert_eq!(queue.counts(), counts(1, 2, 0));
+    run(&queue, "d");
+    assert_eq!(queue.counts(), counts(2, 2, 0));
+    // A new pool's size limits calls again: e waits until fewer are used.
+    queue.resize(Some(1), told.go());
+    wait(&queue, "e");
     for who in ["b", "c"] {
         run(&queue, who);
+    }
+    for _ in 0..4 {
         assert_eq!(queue.finish(|| false, told.go()), None);
     }
-    wait(&queue, "d");
-    assert!(told.take().is_empty());
-    // A new pool's size hands the line its slots again.
-    queue.resize(1, told.go());
-    assert_eq!(told.take(), ["d"]);
+    assert_eq!(told.take(), ["e"]);
 }
 
 #[test]
@@ -142,8 +144,7 @@ fn a_smaller_pool_hands_no_slot_and_takes_no_call_until_fewer_are_used_than_it_h
     run(&queue, "a");
     run(&queue, "b");
     // The pool is replaced by one of a single slot while a and b run.
-    queue.close(told.go());
-    queue.resize(1, told.go());
+    queue.resize(Some(1), told.go());
     wait(&queue, "c");
     wait(&queue, "d");
     // a ends: two slots used of one, so it takes nothing and hands nothing.
@@ -151,7 +152,7 @@ fn a_smaller_pool_hands_no_slot_and_takes_no_call_until_fewer_are_used_than_it_h
     assert!(told.take().is_empty());
     // b ends: one of one; it may take c onto its slot, and then hand it to d.
     assert_eq!(queue.finish(|| true, told.go()), Some(("c", "c")));
-    assert_eq!(queue.counts(), counts(1, 1, 0, 1));
+    assert_eq!(queue.counts(), counts(1, 0, 1));
     assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["d"]);
 }
@@ -174,7 +175,7 @@ fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
     assert_eq!(queue.finish(take, told.go()), Some(("b", "b")));
     assert_eq!(asked.get(), 1);
     assert!(told.take().is_empty());
-    assert_eq!(queue.counts(), counts(1, 1, 0, 1));
+    assert_eq!(queue.counts(), counts(1, 0, 1));
     // b, at its deadline, is in neither the line nor a slot: its answer comes.
     assert_eq!(queue.leave(&"b", told.go()), None);
     // Without taking, the slot goes to c; with the line empty, taking frees it.
@@ -184,7 +185,7 @@ fn a_call_that_ends_takes_the_first_call_in_line_onto_its_slot() {
     run(&queue, "c");
     assert_eq!(queue.finish(take, told.go()), None);
     assert_eq!(asked.get(), 1);
-    assert_eq!(queue.counts(), counts(1, 0, 0, 0));
+    assert_eq!(queue.counts(), counts(0, 0, 0));
 }
 
 #[test]
@@ -226,7 +227,7 @@ fn a_caller_is_watched_from_its_first_call_until_it_is_gone() {
     // b dies in line: it leaves, and is watched anew when it comes back.
     wait(&queue, "b");
     queue.gone(&"b", told.go());
-    assert_eq!(queue.counts(), counts(1, 1, 0, 0));
+    assert_eq!(queue.counts(), counts(1, 0, 0));
     let watched = Cell::new(false);
     let watch = || {
         watched.set(true);
@@ -243,14 +244,14 @@ fn a_take_that_does_not_run_leaves_the_slot_for_the_take_that_runs() {
     let told = Told::default();
     // A free slot, in sight but not taken: b takes it first, and a waits.
     assert_eq!(queue.take("a", "a", || true, false), Some("a"));
-    assert_eq!(queue.counts(), counts(1, 0, 0, 0));
+    assert_eq!(queue.counts(), counts(0, 0, 0));
     run(&queue, "b");
     wait(&queue, "a");
     // The slot handed to a stays held until a's take that runs.
     assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["a"]);
     assert_eq!(queue.take("a", "a", || true, false), Some("a"));
-    assert_eq!(queue.counts(), counts(1, 0, 1, 0));
+    assert_eq!(queue.counts(), counts(0, 1, 0));
     run(&queue, "a");
-    assert_eq!(queue.counts(), counts(1, 1, 0, 0));
+    assert_eq!(queue.counts(), counts(1, 0, 0));
 }

@@ -11,22 +11,23 @@ use crate::atoms;
 use crate::call::{go, QUEUE};
 use crate::error::raise;
 
-/// Installs a new pool and sizes the queue to it. Connects nothing; reads the
-/// CA file, if one is set, unless TLS is off. `settings` is the Elixir
-/// `Config` struct, every setting resolved, defaulted and checked there.
+/// Sizes the queue to a new pool, then installs the pool. Connects nothing;
+/// reads the CA file, if one is set, unless TLS is off. `settings` is the
+/// Elixir `Config` struct, every setting resolved, defaulted and checked there.
 #[rustler::nif(schedule = "DirtyIo")]
 fn start(env: Env<'_>, settings: Settings) -> NifResult<Atom> {
-    let pool = global::start(settings).map_err(raise)?;
-    QUEUE.resize(pool.settings().pool_size, go(env));
+    QUEUE.resize(Some(settings.pool_size), go(env));
+    global::start(settings).map_err(raise)?;
     Ok(atoms::ok())
 }
 
 /// Closes the pool: its idle connections at once, each busy one as its call
-/// ends; every caller in line is sent go, and its call finds no pool.
+/// ends; the queue has no limit then, so every caller in line is sent go, and
+/// every call finds no pool.
 #[rustler::nif(schedule = "DirtyIo")]
 fn stop(env: Env<'_>) -> Atom {
     global::stop();
-    QUEUE.close(go(env));
+    QUEUE.resize(None, go(env));
     atoms::ok()
 }
 
@@ -105,7 +106,7 @@ fn status() -> NifResult<Status> {
     let counts = QUEUE.counts();
     let (connections, idle) = pool.connections();
     Ok(Status {
-        size: counts.limit,
+        size: pool.settings().pool_size,
         running: counts.running + counts.held,
         waiting: counts.waiting,
         connections,

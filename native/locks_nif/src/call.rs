@@ -2,7 +2,7 @@
 //! that `locks_core::queue` states, and a waiter's [`Reply`].
 
 use std::cell::OnceCell;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, mpsc::Sender, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -18,9 +18,8 @@ use crate::locks::{encode, job};
 /// The slots of this VM, and its callers with their calls.
 pub static QUEUE: Queue<LocalPid, Waiter> = Queue::new();
 
-/// A caller's call, decoded, and its ticket, which no other call has.
+/// A caller's call: its stamp, which no other call of the caller has, and its job.
 pub struct Waiter {
-    ticket: u64,
     start: i64,
     job: Job,
 }
@@ -30,28 +29,27 @@ pub struct Waiter {
 /// call taken from the line, `{:ok, answer}` or `{:error, exception}`.
 enum Reply {
     Go,
-    Answer(Answer),
-    Raise(LocksError),
+    Done(Result<Answer, LocksError>),
 }
 
 impl Reply {
     fn encode<'a>(&self, env: Env<'a>) -> Term<'a> {
         let reply = match self {
             Reply::Go => atoms::go().encode(env),
-            Reply::Answer(answer) => (atoms::ok(), encode(env, answer)).encode(env),
-            Reply::Raise(error) => (atoms::error(), error).encode(env),
+            Reply::Done(Ok(answer)) => (atoms::ok(), encode(env, answer)).encode(env),
+            Reply::Done(Err(error)) => (atoms::error(), error).encode(env),
         };
         (atoms::phoenix_kit_agent_locks(), reply).encode(env)
     }
 }
 
 /// Sends `pid` its reply; from a dead process (killed while its call ran), which the VM
-/// sends nothing for, [`later`]: a go only while that slot (`ticket`) is held untaken (if
-/// the OS gives no thread, a caller sent go leaves at its deadline).
-fn send(env: Env<'_>, pid: LocalPid, reply: Reply, ticket: Option<u64>) {
+/// sends nothing for, [`later`]: a go only while its call (`start`) holds the slot
+/// untaken (if the OS gives no thread, a caller sent go leaves at its deadline).
+fn send(env: Env<'_>, pid: LocalPid, reply: Reply, start: Option<i64>) {
     if env.send(&pid, reply.encode(env)).is_err() {
-        later(move || match ticket {
-            Some(ticket) => QUEUE.if_held(&pid, |w| w.ticket == ticket, || post(&pid, &reply)),
+        later(move || match start {
+            Some(start) => QUEUE.if_held(&pid, |w| w.start == start, || post(&pid, &reply)),
             None => post(&pid, &reply),
         });
     }
@@ -64,7 +62,7 @@ fn post(pid: &LocalPid, reply: &Reply) {
 
 /// Sends a caller handed a slot its go (`admin.rs` too: a new pool, a stop).
 pub fn go(env: Env<'_>) -> impl FnMut(&LocalPid, &Waiter) + '_ {
-    move |pid, waiter| send(env, *pid, Reply::Go, Some(waiter.ticket))
+    move |pid, waiter| send(env, *pid, Reply::Go, Some(waiter.start))
 }
 
 /// The resource whose monitors (one a caller, for its life) take the dead out.
@@ -127,9 +125,7 @@ fn leave(env: Env<'_>) -> Term<'_> {
     exception(left.unwrap_or_else(|err| err)).encode(env)
 }
 
-/// On the caller's scheduler: `:go`, and `run/3` runs the call; but while
-/// the last call had to wait, only with a slot in sight (a free one while
-/// nobody waits, or the one handed to it): else a place in line and `{:wait, ms}`.
+/// Step 1's look, on the caller's scheduler: `:go` (`run/3` runs the call), or `{:wait, ms}`.
 #[rustler::nif]
 fn enter<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifResult<Term<'a>> {
     if WAITED.load(Ordering::Relaxed) {
@@ -157,15 +153,13 @@ fn run<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifR
 
 /// The call [`Queue::take`]n.
 fn take(env: Env<'_>, start: i64, job: Job, run: bool) -> Option<Waiter> {
-    static TICKETS: AtomicU64 = AtomicU64::new(0);
     static CALLERS: OnceLock<ResourceArc<Callers>> = OnceLock::new();
-    let (pid, ticket) = (env.pid(), TICKETS.fetch_add(1, Ordering::Relaxed));
+    let pid = env.pid();
     let watch = || env.monitor(CALLERS.get_or_init(|| ResourceArc::new(Callers)), &pid).is_some();
-    QUEUE.take(pid, Waiter { ticket, start, job }, watch, run)
+    QUEUE.take(pid, Waiter { start, job }, watch, run)
 }
 
-/// Whether the last call had to wait: set by [`wait`], cleared by `enter/3`
-/// when it finds a slot in sight.
+/// Whether the last call had to wait: set by [`wait`], cleared by `enter/3`.
 static WAITED: AtomicBool = AtomicBool::new(false);
 
 /// `{:wait, ms}`: `ms` to the deadline of a call stamped `start` (0 without a pool).
@@ -188,16 +182,16 @@ struct Slot<'a> {
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
         let env = self.env;
-        let (mut runs, alive) = (RUN_NEXT, OnceCell::new());
+        let alive = OnceCell::new();
         let take = || *alive.get_or_init(|| env.pid().is_alive(env));
-        while let Some(own) = self.own.filter(|own| runs > 0 && !own.passed()) {
-            runs -= 1;
+        for _ in 0..RUN_NEXT {
+            let Some(own) = self.own.filter(|own| !own.passed()) else { break };
             let Some((pid, waiter)) = QUEUE.finish(take, go(env)) else { return };
             let answer = global::current().and_then(|pool| {
                 pool.run(deadline(waiter.start, pool.settings()).earlier(own), &waiter.job)
             });
-            runs = if answer.is_ok() { runs } else { 0 };
-            send(env, pid, answer.map_or_else(|e| Reply::Raise(exception(e)), Reply::Answer), None);
+            self.own = self.own.filter(|_| answer.is_ok());
+            send(env, pid, Reply::Done(answer.map_err(exception)), None);
         }
         QUEUE.finish(|| false, go(env));
     }
