@@ -7,15 +7,12 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use crate::error::{Error, Result};
 use crate::pool::LockPool;
-use crate::settings::Settings;
 
 static CURRENT: RwLock<Option<Arc<LockPool>>> = RwLock::new(None);
 
-/// Builds a pool from `settings` and installs it, closing the one before.
-pub fn start(settings: Settings) -> Result<Arc<LockPool>> {
-    let locks = Arc::new(LockPool::new(settings)?);
-    install(Some(locks.clone()));
-    Ok(locks)
+/// Installs `pool`, built by the caller, closing the one before.
+pub fn start(pool: LockPool) {
+    install(Some(Arc::new(pool)));
 }
 
 /// Closes and uninstalls the pool; calls fail with [`Error::NotStarted`] until

@@ -13,18 +13,19 @@
 //!    place at the end of the line, having done no I/O. While the last call
 //!    had to wait, `take` first looks on the caller's own scheduler, and a
 //!    caller with no slot in sight waits with no dirty-I/O scheduler used.
-//! 2. [`Queue::finish`], when a call ends: it takes the first call in line
-//!    and runs it on its own slot, the reply the answer ([`RUN_NEXT`] at
-//!    most); then the slot goes to the first in line, whose reply is **go**:
-//!    it calls again, and `take` finds the slot its own.
+//! 2. [`Queue::finish`], when a call ends: if it succeeded and its caller
+//!    lives, it takes the first call in line and runs it on its own slot by
+//!    the earlier deadline of the two, the reply the answer ([`RUN_NEXT`] at
+//!    most, until one fails); then the slot goes to the first in line, whose
+//!    reply is **go**: it calls again, and `take` finds the slot its own.
 //! 3. At its deadline, a caller still waiting leaves ([`Queue::leave`]) the
 //!    line or gives back the slot handed to it (its go is in its mailbox or
 //!    never comes); else its call was taken, and its answer comes by then.
 //!
 //! A caller that dies leaves at once; a started call runs to its end even
 //! when its caller is killed. Slots are handed, and calls taken, with the
-//! queue locked. With no pool there is no limit: every call runs at once, and
-//! finds none. The queue keeps no clock.
+//! queue locked. With no pool, the line is handed slots (their calls find
+//! none), and there are none until the next pool's. The queue keeps no clock.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -55,10 +56,10 @@ struct State<K, W> {
 
 #[allow(clippy::new_without_default)] // `new` is const, for a static
 impl<K: Ord + Copy, W> Queue<K, W> {
-    /// A queue with no pool, until [`Queue::resize`].
+    /// A queue with no slots, until [`Queue::resize`].
     pub const fn new() -> Self {
         let state = State {
-            limit: usize::MAX,
+            limit: 0,
             running: 0,
             held: Vec::new(),
             line: VecDeque::new(),
@@ -71,12 +72,13 @@ impl<K: Ord + Copy, W> Queue<K, W> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Sets the number of slots, a new pool's size or none (no pool: no
-    /// limit), and hands the free ones.
+    /// Sets the number of slots to a new pool's size and hands the free ones;
+    /// or, with no pool, hands every caller in line one and keeps none.
     pub fn resize(&self, limit: Option<usize>, go: impl FnMut(&K, &W)) {
         let mut state = self.lock();
         state.limit = limit.unwrap_or(usize::MAX);
         state.fill(go);
+        state.limit = limit.unwrap_or(0);
     }
 
     /// `Some(call)`: `key` runs `call` now, with a slot: one free while

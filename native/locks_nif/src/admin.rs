@@ -4,26 +4,27 @@
 use std::time::Instant;
 
 use locks_core::args::{CLICK_REF_PREFIX, MAX_REF_BYTES, MAX_TTL_S};
-use locks_core::{global, schema, Deadline, Job, Settings};
+use locks_core::{global, schema, Deadline, Job, LockPool, Settings};
 use rustler::{Atom, Env, NifMap, NifResult, Term};
 
 use crate::atoms;
 use crate::call::{go, QUEUE};
 use crate::error::raise;
 
-/// Sizes the queue to a new pool, then installs the pool. Connects nothing;
-/// reads the CA file, if one is set, unless TLS is off. `settings` is the
-/// Elixir `Config` struct, every setting resolved, defaulted and checked there.
+/// Builds a new pool, sizes the queue to it, then installs it: a pool that
+/// cannot be built changes nothing. Connects nothing; reads the CA file, if
+/// one is set, unless TLS is off. `settings` is the Elixir `Config` struct,
+/// every setting resolved, defaulted and checked there.
 #[rustler::nif(schedule = "DirtyIo")]
 fn start(env: Env<'_>, settings: Settings) -> NifResult<Atom> {
-    QUEUE.resize(Some(settings.pool_size), go(env));
-    global::start(settings).map_err(raise)?;
+    let pool = LockPool::new(settings).map_err(raise)?;
+    QUEUE.resize(Some(pool.settings().pool_size), go(env));
+    global::start(pool);
     Ok(atoms::ok())
 }
 
 /// Closes the pool: its idle connections at once, each busy one as its call
-/// ends; the queue has no limit then, so every caller in line is sent go, and
-/// every call finds no pool.
+/// ends; every caller in line is sent go, and its call finds no pool.
 #[rustler::nif(schedule = "DirtyIo")]
 fn stop(env: Env<'_>) -> Atom {
     global::stop();

@@ -170,10 +170,8 @@ fn wait(env: Env<'_>, start: i64) -> Term<'_> {
     (atoms::wait(), u64::try_from(left).unwrap_or(u64::MAX)).encode(env)
 }
 
-/// A started slot, finished when dropped. Once its own call has succeeded
-/// (`own`: its deadline), it runs up to `RUN_NEXT` calls from the line, each by
-/// the earlier of its own deadline and `own`, until one fails or `own` passes.
-/// A failed call, or a dead caller's, runs none (asked only when a call waits).
+/// A started slot, finished when dropped by step 2: `own` is the deadline of
+/// its call once that has succeeded (whether its caller lives is asked only when a call waits).
 struct Slot<'a> {
     env: Env<'a>,
     own: Option<Deadline>,

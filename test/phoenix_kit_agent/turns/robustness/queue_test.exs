@@ -10,7 +10,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Robust.Node
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Junk, Node}
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.{Faults, Queue}
 
   @moduletag :robustness
@@ -358,5 +358,22 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     # Its statement ran; then its connection closed, as the idle ones did.
     assert chat_ref(x) == "a"
     assert :ok == Faults.until(fn -> connections(app) == 0 end, 5_000), "#{connections(app)} open"
+  end
+
+  test "a refused Native.start/1 leaves the running pool's slots as they were",
+       %{chats: [x | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    # Configurations no pool can be built from, with the default pool_size: refused.
+    refused = Node.call(node, Junk, :start_junk, [])
+    assert Enum.all?(refused, &(&1 in [:argument_error, :decode_error, {:locks_error, :config}]))
+
+    # Four calls that each wait for x's row: one slot, so one runs and three wait.
+    calls = for i <- 1..4, do: {:acquire, [x, TestDB.uuid(), "r#{i}", 60]}
+    blocker = line!(node, calls)
+    assert %{size: 1, running: 1, waiting: 3} = status(node)
+
+    TestDB.query!("COMMIT", blocker)
+    busy = {{:ok, {:error, :conversation_busy}}, []}
+    assert [{{:ok, :ok}, []}, ^busy, ^busy, ^busy] = answers(node, 4)
   end
 end
