@@ -377,6 +377,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Queue do
     end)
   end
 
+  @doc "Stops and starts the application while the callers `is` are suspended, then resumes them."
+  def restart_suspended(is) do
+    pids = Enum.map(is, &Process.whereis(name(&1)))
+    Enum.each(pids, &(true = :erlang.suspend_process(&1)))
+    :ok = Application.stop(:phoenix_kit_agent_locks)
+    {:ok, _} = Application.ensure_all_started(:phoenix_kit_agent_locks)
+    Enum.each(pids, &(true = :erlang.resume_process(&1)))
+  end
+
   def kill(i) do
     Process.exit(Process.whereis(name(i)), :kill)
     send(__MODULE__, {:answer, i, {:killed, []}})

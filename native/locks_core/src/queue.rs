@@ -25,7 +25,7 @@
 //! A caller that dies leaves at once; a started call runs to its end even
 //! when its caller is killed. Slots are handed, and calls taken, with the
 //! queue locked. With no pool, the line is handed slots (their calls find
-//! none), and there are none until the next pool's. The queue keeps no clock.
+//! none, or wait for the next pool's), and there are none. No clock is kept.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -82,19 +82,22 @@ impl<K: Ord + Copy, W> Queue<K, W> {
     }
 
     /// `Some(call)`: `key` runs `call` now, with a slot: one free while
-    /// nobody waits, or the one handed to it; unless `run` is false, which
-    /// leaves that slot for the `take` to come. `None`: it waits in line with
-    /// `call` (where it was, if it was). Not yet watched, it is first: if
-    /// `watch` fails (it is dead), it is in neither.
+    /// nobody waits, or the one handed to it while fewer run than there are
+    /// slots (a stop hands the line more than a new pool may have); unless
+    /// `run` is false, which leaves that slot for the `take` to come. `None`:
+    /// it waits in line with `call` (where it was, if it was). Not yet
+    /// watched, it is first: if `watch` fails (it is dead), it is in neither.
     pub fn take(&self, key: K, call: W, watch: impl FnOnce() -> bool, run: bool) -> Option<W> {
         let mut state = self.lock();
-        if let Some(i) = state.held.iter().position(|(k, _)| *k == key) {
+        let held = state.held.iter().position(|(k, _)| *k == key);
+        if let Some(i) = held.filter(|_| state.running < state.limit) {
             if run {
                 state.held.swap_remove(i);
                 state.running += 1;
             }
             return Some(call);
         }
+        held.map(|i| state.held.swap_remove(i)); // it waits again
         if let Some((_, waiting)) = state.line.iter_mut().find(|(k, _)| *k == key) {
             *waiting = call;
             return None;
@@ -117,9 +120,7 @@ impl<K: Ord + Copy, W> Queue<K, W> {
     pub fn finish(&self, take: impl FnOnce() -> bool, go: impl FnMut(&K, &W)) -> Option<(K, W)> {
         let mut state = self.lock();
         if !state.line.is_empty() && state.used() <= state.limit && take() {
-            if let Some(taken) = state.line.pop_front() {
-                return Some(taken);
-            }
+            return state.line.pop_front();
         }
         state.running = state.running.saturating_sub(1);
         state.fill(go);

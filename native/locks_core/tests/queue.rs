@@ -124,14 +124,37 @@ fn with_no_pool_the_line_is_handed_its_slots_and_nothing_more() {
     assert_eq!(told.take(), ["b", "c"]);
     assert_eq!(queue.counts(), counts(1, 2, 0));
     assert_eq!(queue.finish(|| false, told.go()), None);
-    for who in ["b", "c"] {
-        run(&queue, who);
-        assert_eq!(queue.finish(|| false, told.go()), None);
-    }
+    // b and c come with their go: there are no slots, so they wait again.
+    wait(&queue, "b");
+    wait(&queue, "c");
     wait(&queue, "d");
+    assert_eq!(queue.counts(), counts(0, 0, 3));
     assert!(told.take().is_empty());
     // A new pool's size hands the line its slots again.
     queue.resize(Some(1), told.go());
+    assert_eq!(told.take(), ["b"]);
+}
+
+#[test]
+fn slots_a_stop_handed_are_taken_only_while_fewer_run_than_the_next_pool_has() {
+    let queue = queue(2);
+    let told = Told::default();
+    run(&queue, "a");
+    run(&queue, "b");
+    for who in ["c", "d", "e"] {
+        wait(&queue, who);
+    }
+    // A stop hands all three a slot; a pool of two comes before their go is read.
+    queue.resize(None, told.go());
+    queue.resize(Some(2), told.go());
+    assert_eq!(told.take(), ["c", "d", "e"]);
+    // a ends: c takes its slot (one runs, of two); d and e find two running and wait.
+    assert_eq!(queue.finish(|| false, told.go()), None);
+    run(&queue, "c");
+    wait(&queue, "d");
+    wait(&queue, "e");
+    assert_eq!(queue.counts(), counts(2, 0, 2));
+    assert_eq!(queue.finish(|| false, told.go()), None);
     assert_eq!(told.take(), ["d"]);
 }
 

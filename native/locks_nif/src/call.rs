@@ -154,9 +154,8 @@ fn run<'a>(env: Env<'a>, start: i64, function: Term<'a>, args: Term<'a>) -> NifR
 /// The call [`Queue::take`]n.
 fn take(env: Env<'_>, start: i64, job: Job, run: bool) -> Option<Waiter> {
     static CALLERS: OnceLock<ResourceArc<Callers>> = OnceLock::new();
-    let pid = env.pid();
-    let watch = || env.monitor(CALLERS.get_or_init(|| ResourceArc::new(Callers)), &pid).is_some();
-    QUEUE.take(pid, Waiter { start, job }, watch, run)
+    let callers = CALLERS.get_or_init(|| ResourceArc::new(Callers));
+    QUEUE.take(env.pid(), Waiter { start, job }, || env.monitor(callers, &env.pid()).is_some(), run)
 }
 
 /// Whether the last call had to wait: set by [`wait`], cleared by `enter/3`.

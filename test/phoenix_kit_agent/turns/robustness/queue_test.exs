@@ -376,4 +376,22 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     busy = {{:ok, {:error, :conversation_busy}}, []}
     assert [{{:ok, :ok}, []}, ^busy, ^busy, ^busy] = answers(node, 4)
   end
+
+  test "after a stop and a start that come before the line reads its go, the new pool's " <>
+         "slots still bound what runs, and every caller is answered",
+       %{chats: [x | _], app: app} do
+    node = node!(app, checkout_timeout: 10_000)
+    calls = for i <- 1..4, do: {:acquire, [x, TestDB.uuid(), "r#{i}", 60]}
+    blocker = line!(node, calls)
+
+    # The stop hands each caller in line a slot and its go, read after the start:
+    # with the first call still running, one slot, so the three wait again.
+    :ok = Node.call(node, Queue, :restart_suspended, [[1, 2, 3]])
+    until!(node, :waiting, 3)
+    assert %{size: 1, running: 1, waiting: 3} = status(node)
+
+    TestDB.query!("COMMIT", blocker)
+    busy = {{:ok, {:error, :conversation_busy}}, []}
+    assert [{{:ok, :ok}, []}, ^busy, ^busy, ^busy] = answers(node, 4)
+  end
 end
