@@ -324,6 +324,71 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   @doc "The table and key column of a chat (`:chat`) or user settings (`:user`) row."
   def table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
   def table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
+
+  @stalled "locks_test_stalled_users"
+
+  @doc """
+  Keeps the insert of `user`'s (or each of a list of users') new settings
+  row waiting at the server until
+  `unstall!/1`: a lock call that creates it (`acquire/4` or
+  `acquire_user/4` of a user with no row) runs on, holding its pool slot and
+  the chat's row, without waiting for any lock (a trigger loops on
+  `pg_sleep`, wait event `PgSleep`, while `user` is listed). The lock
+  statements do not wait for a row another session holds, so this is how a
+  test keeps a call busy at the server. The trigger, made by the first call,
+  lives on (as the test database does); it only slows the listed users.
+  """
+  def stall!(users, url \\ url()) do
+    users = List.wrap(users)
+
+    query!(
+      """
+      BEGIN;
+      SELECT pg_advisory_xact_lock(#{:erlang.phash2(@stalled)});
+      CREATE TABLE IF NOT EXISTS #{@stalled} (user_uuid uuid PRIMARY KEY);
+      -- SECURITY DEFINER: the inserts of a role that may not read the list run it too.
+      CREATE OR REPLACE FUNCTION #{@stalled}() RETURNS trigger LANGUAGE plpgsql
+        SECURITY DEFINER SET search_path = pg_catalog, public AS $$
+      BEGIN
+        WHILE EXISTS (SELECT 1 FROM #{@stalled} WHERE user_uuid = NEW.user_uuid) LOOP
+          PERFORM pg_sleep(0.005);
+        END LOOP;
+        RETURN NEW;
+      END $$;
+      -- Made once: DDL on the table would wait for a stalled insert's lock on it.
+      DO $$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_trigger WHERE tgname = '#{@stalled}'
+                       AND tgrelid = 'phoenix_kit_agent_user_settings'::regclass) THEN
+          CREATE TRIGGER #{@stalled} BEFORE INSERT ON phoenix_kit_agent_user_settings
+            FOR EACH ROW EXECUTE FUNCTION #{@stalled}();
+        END IF;
+      END $$;
+      INSERT INTO #{@stalled} VALUES #{Enum.map_join(users, ", ", &"('#{&1}')")};
+      COMMIT
+      """,
+      url
+    )
+
+    {:stalled, users, url}
+  end
+
+  @doc "Lets the insert `stall!/2` keeps waiting go on."
+  def unstall!({:stalled, users, url}) do
+    in_list = Enum.map_join(users, ", ", &"'#{&1}'")
+    query!("DELETE FROM #{@stalled} WHERE user_uuid IN (#{in_list})", url)
+    :ok
+  end
+
+  @doc "The backends of `application_name` that a `stall!/2` keeps waiting (on `url`'s cluster)."
+  def stalled_backends(application_name, url \\ url()) do
+    query!(
+      """
+      SELECT pid FROM pg_stat_activity
+      WHERE application_name = '#{application_name}' AND wait_event = 'PgSleep'
+      """,
+      url
+    )
+  end
 end
 
 defmodule PhoenixKitAgent.Turns.Locks.TestDB.Session do

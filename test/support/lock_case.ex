@@ -12,7 +12,7 @@ defmodule PhoenixKitAgent.Turns.LockCase do
   alias PhoenixKitAgent.Turns.Locks.TestDB
 
   import TestDB,
-    only: [insert_chats!: 1, locks: 1, backdate!: 2, query!: 1, query!: 2, table: 1]
+    only: [insert_chats!: 1, locks: 1, backdate!: 2]
 
   using do
     quote do
@@ -169,64 +169,6 @@ defmodule PhoenixKitAgent.Turns.LockCase do
 
   @doc "A user uuid with no settings row yet."
   def new_user, do: TestDB.uuid()
-
-  @doc """
-  Runs `fun.(i)` for i in 1..n in n processes that really overlap: a
-  transaction of another session holds the row `{kind, id}` locked (FOR
-  UPDATE) until every one of the n calls is waiting for that row, then ends,
-  and the calls go on together. Every call must touch that row. Returns the
-  answers in order of i.
-
-  Without the gate, calls started "at once" mostly run one after the other
-  (each statement takes a fraction of a millisecond), and a race would prove
-  nothing. Keep n well under the pool's size: the waiting calls hold their
-  turns. Races of different tests run one at a time, or two of them could
-  hold every turn, each waiting for a call of its own that queues behind
-  the other's.
-  """
-  def race_at_row(row, n, fun) do
-    :global.trans(
-      {__MODULE__.Race, self()},
-      fn -> race_at_row!(row, n, fun) end,
-      [node()],
-      :infinity
-    )
-  end
-
-  defp race_at_row!({kind, id}, n, fun) do
-    {table, key} = table(kind)
-    gate = TestDB.session!()
-
-    [[ctid, xid]] =
-      query!(
-        """
-        BEGIN;
-        SELECT ctid::text, pg_current_xact_id()::text FROM #{table} WHERE #{key} = '#{id}' FOR UPDATE
-        """,
-        gate
-      )
-
-    [page, tuple] = Regex.run(~r/\((\d+),(\d+)\)/, ctid, capture: :all_but_first)
-    tasks = for i <- 1..n, do: Task.async(fn -> fun.(i) end)
-
-    # Each call waits either for the gate's transaction (the first in line)
-    # or for the row's tuple lock (those behind it).
-    waiting = """
-    SELECT count(*) FROM pg_locks WHERE NOT granted AND (
-      (locktype = 'transactionid' AND transactionid::text = '#{xid}')
-      OR (locktype = 'tuple' AND relation = '#{table}'::regclass
-          AND page = #{page} AND tuple = #{tuple}))
-    """
-
-    all_waiting? =
-      Enum.any?(1..10_000, fn _ -> query!(waiting) |> hd() |> hd() |> String.to_integer() >= n end)
-
-    query!("COMMIT", gate)
-    TestDB.close(gate)
-    answers = Task.await_many(tasks, 30_000)
-    if not all_waiting?, do: raise("the #{n} calls never all waited for the row #{kind} #{id}")
-    answers
-  end
 
   ## Bad arguments
 

@@ -20,7 +20,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   failure to answer (no database, a timeout) raises
   `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
   statement may have run; a bad argument raises `ArgumentError` before
-  anything is sent. The README describes the configuration and operation;
+  anything is sent. No call waits long for a row that another session's
+  transaction holds: a taker answers busy at once, and a holder's own write
+  raises `:row_locked` after 400 ms (the README's "Row locks and stalls"). The README describes the configuration and operation;
   its "Testing your host" the mode in which a host's tests run every call
   through their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
 
@@ -253,6 +255,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
         when result: term()
   defdelegate with_turn(conversation_uuid, user_uuid, opts, fun), to: Turn, as: :run
 
+  # transaction/4's bound for a turn given as {conversation_uuid, user_uuid, turn_ref}.
+  @fence_lease_s 15
+  # PostgreSQL's largest timeout setting (an int4 of milliseconds, 24.8 days).
+  @max_timeout_ms 2_147_483_647
+
   @typedoc "A turn, as `transaction/4` takes it: `with_turn/4`'s, or its ids and ref."
   @type turn :: Turn.t() | {String.t(), String.t(), String.t()}
 
@@ -285,7 +292,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   **The guarantee.** No write of `fun` commits after another turn (or a
   click, `release/3` or `release_stale/4`) took either lock: a take-over
   committed before the fence makes it answer `{:error, :lost}`; one sent
-  while the transaction is open waits for it to end. A turn paused anywhere
+  while the transaction is open cannot write the rows (a taker is answered
+  busy, `release_stale/4` `false`, `release/3` raises `:row_locked`). A turn paused anywhere
   (a long garbage collection, a stalled VM) before its write cannot write
   into a chat that another turn took over meanwhile, whether or not it asked
   `lost?/1` first. No clock is read: a lease that ran out but that nobody
@@ -293,15 +301,28 @@ defmodule PhoenixKitAgent.Turns.Locks do
   racing the fence makes it fail with a serialization failure (`40001`)
   instead of answering `{:error, :lost}`.
 
-  **The cost.** While the transaction is open, every take-over of the two
-  rows waits for it, and so does the turn's own renewal (`keep/5`, which
-  `with_turn/4` sends every `lease_s / 3`). Keep such transactions short, far
-  shorter than the lease: write in them, and make model calls and other slow
-  work outside. Do not call the lock functions inside `fun` for the same
-  turn: they run on other connections, and the ones that write wait for it.
+  **The bound.** The transaction lives no longer than the lease: the fence
+  sets `lock_timeout`, `statement_timeout`,
+  `idle_in_transaction_session_timeout` and (PostgreSQL 17 on)
+  `transaction_timeout` to `lease_s` for the rest of the transaction. A
+  `fun` or a VM that stalls has it ended by the server a lease after it
+  stalled at the latest: the writes roll back and the next statement or the
+  commit raises the repo's error for a lost connection (`25P03`). Option
+  `lease_s:` (whole seconds, taken out of `opts`): with_turn/4's turn's
+  `lease_s` by default, 15 for `{conversation_uuid, user_uuid, turn_ref}`.
+  Not set under `testing: :sandbox` (the test's transaction outlives the
+  fence); inside another transaction of the repo, it holds until that ends.
+
+  **The cost.** While the transaction is open, no take-over of the two rows
+  can happen, nor the turn's own renewal (`keep/5`, which `with_turn/4`
+  sends every `lease_s / 3`, raises `:row_locked` and is tried again within
+  the lease). Keep such transactions short, far shorter than the lease:
+  write in them, and make model calls and other slow work outside. Do not
+  call the lock functions inside `fun` for the same turn: they run on other
+  connections and cannot write its rows.
 
       {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
-      {:error, :lost} = Locks.transaction(Repo, {chat, user, "turn-1"}, fn -> … end)
+      {:error, :lost} = Locks.transaction(Repo, {chat, user, "turn-1"}, fn -> … end, lease_s: 5)
   """
   # `fun` of any arity in the spec: `(-> result)` is written differently by
   # Elixir 1.14's formatter and 1.18's, and the guard takes 0 or 1 alone.
@@ -310,10 +331,17 @@ defmodule PhoenixKitAgent.Turns.Locks do
         when result: term()
   def transaction(repo, turn, fun, opts \\ [])
       when is_atom(repo) and (is_function(fun, 0) or is_function(fun, 1)) and is_list(opts) do
-    {conversation_uuid, user_uuid, turn_ref} = turn_ids!(turn)
+    {conversation_uuid, user_uuid, turn_ref, lease_s} = turn_ids!(turn)
+    {lease_s, opts} = Keyword.pop(opts, :lease_s, lease_s)
     params = turn!(conversation_uuid, user_uuid, turn_ref)
-    # The fence's text, for the tables the lock calls use (native sql.rs, FENCE).
-    sql = if Sandbox.repo(), do: Native.repo_fence_sql(), else: Native.fence_sql()
+    lease_ms = min(ttl!(lease_s, :lease_s) * 1_000, @max_timeout_ms)
+
+    # The fence's text, for the tables the lock calls use (native sql.rs,
+    # FENCE), bounded by the lease outside the sandbox.
+    {sql, params} =
+      if Sandbox.repo(),
+        do: {Native.repo_fence_sql(), params},
+        else: {Native.fence_sql(), params ++ [lease_ms]}
 
     repo.transaction(
       fn ->
@@ -327,8 +355,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
     )
   end
 
-  defp turn_ids!(%Turn{conversation_uuid: chat, user_uuid: user, ref: ref}), do: {chat, user, ref}
-  defp turn_ids!({_chat, _user, _ref} = ids), do: ids
+  defp turn_ids!(%Turn{conversation_uuid: chat, user_uuid: user, ref: ref, lease_s: lease_s}),
+    do: {chat, user, ref, lease_s}
+
+  defp turn_ids!({chat, user, ref}), do: {chat, user, ref, @fence_lease_s}
 
   defp turn_ids!(turn),
     do: bad!(:turn, "with_turn/4's turn or {conversation_uuid, user_uuid, turn_ref}", turn)
@@ -525,12 +555,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
     end
   end
 
-  defp ttl!(value) do
+  defp ttl!(value, name \\ :ttl_s) do
     %{max_ttl_s: max} = rules()
 
     if is_integer(value) and value in 1..max,
       do: value,
-      else: bad!(:ttl_s, "a whole number of seconds from 1 to #{max}", value)
+      else: bad!(name, "a whole number of seconds from 1 to #{max}", value)
   end
 
   defp hold!(_name, value, ttl_s) when is_integer(value) and value >= 1 and value <= ttl_s,

@@ -8,7 +8,7 @@
 //! | variant            | the statement…                                  |
 //! | ------------------ | ----------------------------------------------- |
 //! | `Config`, `NotStarted`, `Connect`, `PoolTimeout` | was never sent        |
-//! | `Statement`        | was refused by PostgreSQL and changed nothing    |
+//! | `Statement`, `RowLocked` | was refused by PostgreSQL and changed nothing |
 //! | `Timeout`, `Disconnected` | was sent, and may have run                |
 //!
 //! No message ever carries the database password: connection errors are
@@ -58,6 +58,12 @@ pub enum Error {
     #[error("connection lost while the statement was in flight: {0}")]
     Disconnected(String),
 
+    /// A row the call writes stayed locked by another session's transaction
+    /// (the turn's own fenced write, a host's transaction) for the whole
+    /// wait; the statement was cancelled and changed nothing. Try again.
+    #[error("a lock row stayed locked by another transaction for {} ms (a fenced write under way, a host's own transaction): nothing was changed; try again once it ends", .0.as_millis())]
+    RowLocked(Duration),
+
     /// PostgreSQL refused the statement, which changed nothing.
     #[error("statement failed: {sqlstate}: {message}")]
     Statement {
@@ -91,6 +97,12 @@ impl Error {
             },
             _ => Error::Disconnected(describe(err)),
         }
+    }
+
+    /// Whether the statement waited its whole `lock_timeout` for a row
+    /// (`55P03`, `lock_not_available`).
+    pub(crate) fn is_row_locked(&self) -> bool {
+        matches!(self, Error::Statement { sqlstate, .. } if sqlstate == SqlState::LOCK_NOT_AVAILABLE.code())
     }
 
     /// Whether the same statement may simply be sent again: a serialization

@@ -9,7 +9,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::row::{only, Row, Value};
 use crate::sql::{self, Def};
-use crate::{ClickRef, Hold, Result, Ttl, TurnRef, Uuid};
+use crate::{ClickRef, Error, Hold, Result, Ttl, TurnRef, Uuid};
 
 /// A lock call and its arguments: the one list of the lock functions. One
 /// variant per function of the Elixir API, named after it (without its `?`),
@@ -159,6 +159,23 @@ impl Job {
         }
     }
 
+    /// What the job answers when its statement waited [`sql::ROW_WAIT`] for
+    /// a row another session's transaction holds and was cancelled (`55P03`,
+    /// having changed nothing; see `sql.rs`): the lock is busy right now.
+    /// The takers are refused (a user row being inserted by a transaction
+    /// still open, the one wait left to them, is a turn's), `release_stale/4`
+    /// frees nothing, and the holder's own writes fail with
+    /// [`Error::RowLocked`], to be tried again: a renewal must not lose a
+    /// turn, nor a release claim to have freed a lock, because a
+    /// transaction (the turn's own fenced write) held its row a while.
+    pub fn locked(&self) -> Result<Answer> {
+        match self {
+            Job::Acquire(..) | Job::AcquireUser(..) => Ok(Answer::Busy(Busy::TurnInFlight)),
+            Job::ReleaseStale(..) => Ok(Answer::Yes(false)),
+            _ => Err(Error::RowLocked(sql::ROW_WAIT)),
+        }
+    }
+
     /// The answer in the rows this job's statement returned, from a pooled
     /// connection or from the host's repo (`row.rs`): the one reading of both.
     pub fn answer(&self, rows: &[Vec<Value>]) -> Result<Answer> {
@@ -168,14 +185,13 @@ impl Job {
                 match (row.bool(0)?, row.text(1)?) {
                     (true, _) => Answer::Ok,
                     // No holder: the chat was busy, the user row untouched.
-                    // The user's lock ours with the chat not written is
-                    // impossible while the chat row is locked; it is busy,
+                    (false, None) => Answer::Busy(Busy::ConversationBusy),
+                    // The user's lock refused; or ours as the snapshot saw it
+                    // in a row another session holds: busy all the same,
                     // never reported as an acquisition that did not happen.
-                    (false, holder) => Answer::Busy(
-                        holder
-                            .and_then(|h| Busy::user(h, &turn.0))
-                            .unwrap_or(Busy::ConversationBusy),
-                    ),
+                    (false, Some(holder)) => {
+                        Answer::Busy(Busy::user(holder, &turn.0).unwrap_or(Busy::TurnInFlight))
+                    }
                 }
             }
             Job::AcquireUser(_, click, ..) => {

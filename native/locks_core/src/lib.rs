@@ -34,4 +34,4 @@ pub use job::{Answer, Busy, HeldLock, Job, LockKind};
 pub use pool::{Deadline, LockPool};
 pub use row::Value;
 pub use settings::{Prepare, Settings, SslMode};
-pub use sql::fence;
+pub use sql::{fence, ROW_WAIT};

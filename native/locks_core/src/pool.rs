@@ -141,7 +141,10 @@ impl LockPool {
             }
             rows => {
                 self.checkin(pooled);
-                job.answer(&rows?)
+                match rows {
+                    Err(err) if err.is_row_locked() => job.locked(),
+                    rows => job.answer(&rows?),
+                }
             }
         }
     }
@@ -225,7 +228,7 @@ impl LockPool {
         let rows =
             run(conn, self.settings.prepare, columns, columns.text, &[&chats, &users]).await?;
         let catalog = Catalog::from_rows(&rows)?;
-        let statements = Statements::new(&Tables::from_catalog(prefix, &catalog)?);
+        let statements = Statements::new(&Tables::from_catalog(prefix, &catalog)?, true);
         Ok(self.statements.get_or_init(|| statements))
     }
 

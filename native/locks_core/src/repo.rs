@@ -66,7 +66,7 @@ impl Repo {
     /// table that cannot be used is the pool's `Config` error.
     pub fn columns(&self, rows: &[Vec<Value>]) -> Result<()> {
         let tables = Tables::from_catalog(self.prefix.as_deref(), &Catalog::from_rows(rows)?)?;
-        let _ = self.statements.set(Statements::new(&tables));
+        let _ = self.statements.set(Statements::new(&tables, false));
         Ok(())
     }
 }

@@ -22,6 +22,21 @@
 //! * **`updated_at` is never changed**: a settings row keeps the time its
 //!   settings last changed. Only a new row gets one, among `{fill_columns}`
 //!   (the host's `NOT NULL` columns without a default).
+//! * **No long wait on another session's row lock.** A row that another
+//!   transaction holds (a fenced write under way, a host's own transaction,
+//!   a psql left open) is the lock being busy right now, not a reason to
+//!   wait. The takers ([`ACQUIRE`], [`ACQUIRE_USER`]) lock what they may
+//!   take `SKIP LOCKED` and answer busy at once, naming the holder their
+//!   snapshot saw committed. Every statement that writes first sets
+//!   `lock_timeout` to [`ROW_WAIT`] for itself alone (`{wait}`: a
+//!   `set_config(…, true)` in the `WHERE` of the first row it locks, which
+//!   PostgreSQL evaluates before it locks that row, and which ends with the
+//!   statement's transaction), so a row lock that outlasts it (a write of a
+//!   row the statement could not skip: its holder's own renewal and release,
+//!   a new settings row another transaction is inserting) fails the
+//!   statement with `55P03`, which changed nothing; [`Job::locked`](crate::Job::locked)
+//!   says what that answers. A statement writes at most two rows, so it waits at most
+//!   twice [`ROW_WAIT`] in all.
 //! * **Any isolation level.** Under READ COMMITTED a statement that waited
 //!   for a row re-checks its predicate on the row's newest version; under
 //!   REPEATABLE READ or SERIALIZABLE it fails with 40001 instead, and the
@@ -40,10 +55,18 @@
 //! statement ([`Def::params`]): a prepared statement gets them at `PREPARE`,
 //! an unnamed one (behind PgBouncer) sends them with every call.
 
+use std::time::Duration;
+
 use tokio_postgres::types::Type;
 
 use crate::error::{Error, Result};
 use crate::schema::{name_tables, Tables};
+
+/// The longest a lock statement waits for one row that another session's
+/// transaction holds: its `lock_timeout` (`{wait}`, see the module doc).
+/// Far below a call's `statement_timeout`, so that a held row is answered
+/// as contention, and a slot of the pool is never held long for one.
+pub const ROW_WAIT: Duration = Duration::from_millis(400);
 
 /// A statement: its name (the Elixir function that runs it, and the key of
 /// its prepared statement), its text with placeholders, its parameters' types.
@@ -116,6 +139,20 @@ macro_rules! take_user {
     };
 }
 
+/// `seen`, the user row `$id` as the statement's snapshot has it: its
+/// committed holder (`''` for none), whoever holds the row itself.
+macro_rules! user_seen {
+    ($id:literal) => {
+        concat!(
+            "seen AS (
+  SELECT coalesce(u.busy_turn_ref, '') AS holder FROM {users} u WHERE u.user_uuid = ",
+            $id,
+            "::uuid
+)"
+        )
+    };
+}
+
 /// Takes the chat's and the user's lock for a turn, or neither.
 ///
 /// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` TTL, `$5` hold, both
@@ -125,22 +162,24 @@ macro_rules! take_user {
 /// them over `$5` seconds after this call (or the last [`KEEP`]), should
 /// they never be released. With `$5 = $4` they are dated now.
 ///
-/// 1. `chat` locks the chat row (`FOR UPDATE`) only if it is free for `$3`;
-///    under READ COMMITTED the predicate is re-checked on the newest version
-///    after waiting, so of racing turns exactly one gets the row.
-///    A uuid with no row leaves `chat` empty: the chat is busy.
-/// 2. `usr` runs only with a locked chat row (`FROM chat`). It creates the
-///    settings row if missing, and otherwise *always* takes the row lock and
-///    writes the lock back either as `$3`'s (when free) or unchanged. Writing
-///    it back unchanged is deliberate: `RETURNING` then reports the current
-///    holder even when that holder's row was inserted after this statement's
-///    snapshot, which a plain `SELECT` could not see. So a refusal can still
-///    say *who* holds the lock without a second statement.
-/// 3. `took` writes the chat row only when `usr` reports `$3` as the holder:
+/// 1. `chat` locks the chat row (`FOR UPDATE SKIP LOCKED`) only if it is
+///    free for `$3`; under READ COMMITTED the predicate is re-checked on the
+///    newest version of a row another statement changed meanwhile, so of
+///    racing turns exactly one gets the row. A row another session holds is
+///    skipped, as is a uuid with no row: `chat` is empty, the chat is busy.
+/// 2. `seen` is the user row as the snapshot has it (committed), `mine` the
+///    same row locked (`SKIP LOCKED`, after the chat row: `FROM chat`).
+/// 3. `usr` runs only with a locked chat row, and only when the user row is
+///    `mine` or has none yet. It creates the settings row if missing, and
+///    otherwise writes the lock back either as `$3`'s (when free) or
+///    unchanged, so that `RETURNING` names the current holder. A user row
+///    another session holds is left alone: its holder is `seen`'s.
+/// 4. `took` writes the chat row only when `usr` reports `$3` as the holder:
 ///    a refused user lock leaves the chat exactly as it was.
 ///
-/// Returns one row: `acquired` (both taken) and `user_holder` (NULL when the
-/// chat was busy and the user row was never touched).
+/// Returns one row: `acquired` (both taken) and `user_holder`, the user
+/// lock's holder (`''` for none, in a row another session holds), or NULL
+/// when the chat was busy and the user row never looked at.
 #[rustfmt::skip]
 pub(crate) const ACQUIRE: Def = Def {
     name: "acquire",
@@ -149,12 +188,18 @@ WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid
     AND ", free!("c.", "$3::text", "{chat_now}", "$4"), "
-  FOR UPDATE
+  FOR UPDATE SKIP LOCKED
+),
+", user_seen!("$2"), ",
+mine AS (
+  SELECT 1 FROM {users} u WHERE u.user_uuid = $2::uuid AND EXISTS (SELECT 1 FROM chat)
+  FOR UPDATE SKIP LOCKED
 ),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
   SELECT $2::uuid, ", dated!("{user_now}", "$4", "$5"), ",
          $3::text{fill_values} FROM chat
+  WHERE {wait} AND (EXISTS (SELECT 1 FROM mine) OR NOT EXISTS (SELECT 1 FROM seen))
   ", take_user!("$3::text", "$4"), "
   RETURNING u.busy_turn_ref AS holder
 ),
@@ -165,7 +210,9 @@ took AS (
     AND (SELECT holder FROM usr) = $3::text
   RETURNING 1
 )
-SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user_holder"),
+SELECT EXISTS (SELECT 1 FROM took) AS acquired,
+  CASE WHEN EXISTS (SELECT 1 FROM chat)
+    THEN coalesce((SELECT holder FROM usr), (SELECT holder FROM seen)) END AS user_holder"),
     params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -177,17 +224,25 @@ SELECT EXISTS (SELECT 1 FROM took) AS acquired, (SELECT holder FROM usr) AS user
 /// is free for `$2` (another holder's lock older than `$3`). Dating the lock
 /// `$3 - $4` seconds into the past makes a turn (which takes over after `$3`)
 /// take it `$4` seconds after this call, should the click never release it.
-/// As in [`ACQUIRE`], a refused row is written back unchanged so that
-/// `RETURNING` names the current holder, even one newer than the snapshot.
-/// Returns one row: the holder.
+/// As in [`ACQUIRE`], the row is locked `SKIP LOCKED` first (`mine`): a
+/// refused row is written back unchanged so that `RETURNING` names the
+/// current holder, even one newer than the snapshot, and a row another
+/// session holds is left alone, its holder `seen`'s. Returns one row: the
+/// holder (`''` for none).
 #[rustfmt::skip]
 pub(crate) const ACQUIRE_USER: Def = Def {
     name: "acquire_user",
     text: concat!("
-INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
-VALUES ($1::uuid, ", dated!("{user_now}", "$3", "$4"), ", $2::text{fill_values})
-", take_user!("$2::text", "$3"), "
-RETURNING u.busy_turn_ref AS holder"),
+WITH ", user_seen!("$1"), ",
+mine AS (SELECT 1 FROM {users} u WHERE u.user_uuid = $1::uuid FOR UPDATE SKIP LOCKED),
+usr AS (
+  INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
+  SELECT $1::uuid, ", dated!("{user_now}", "$3", "$4"), ", $2::text{fill_values}
+  WHERE {wait} AND (EXISTS (SELECT 1 FROM mine) OR NOT EXISTS (SELECT 1 FROM seen))
+  ", take_user!("$2::text", "$3"), "
+  RETURNING u.busy_turn_ref AS holder
+)
+SELECT coalesce((SELECT holder FROM usr), (SELECT holder FROM seen)) AS holder"),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
 
@@ -222,30 +277,43 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 
 /// The fence of `Locks.transaction/4`: the first statement of a transaction
 /// of the host's repo, which commits the caller's writes only while the turn
-/// `$3` holds both locks. Not run by the pool: its text goes to the host
-/// ([`fence`]), which runs it with its own transaction.
+/// `$3` holds both locks, and lives no longer than the turn's lease `$4`.
+/// Not run by the pool: its text goes to the host ([`fence`]), which runs it
+/// with its own transaction.
 ///
-/// `$1` chat uuid, `$2` user uuid, `$3` turn ref. `chat` then `usr` take the
-/// two rows `FOR SHARE`, each only where `busy_turn_ref` is `$3` (the rule
-/// of [`HELD`]), the chat row first, as every statement orders them. A row
-/// lock `FOR SHARE` conflicts with `FOR UPDATE` and with the row lock of an
-/// `UPDATE` (`FOR KEY SHARE` would not: an `UPDATE` of non-key columns takes
-/// only `FOR NO KEY UPDATE`), so until the transaction ends every take-over
-/// ([`ACQUIRE`]'s `FOR UPDATE` and upsert, [`ACQUIRE_USER`], [`RELEASE`],
-/// [`RELEASE_STALE`], and the turn's own [`KEEP`]) waits for it. A
-/// take-over that is under way or committed first is seen: under READ
-/// COMMITTED the fence waits for the writer and re-checks `$3` on the
-/// row's newest version (no row, the turn lost it); under REPEATABLE READ or
-/// SERIALIZABLE it fails with 40001 instead, and the transaction with it. So
-/// no write of the transaction commits after another holder took either
-/// lock. No time is compared: a lease that ran out but was not taken over
-/// still holds. Returns one row: `held`, whether it holds both (then both
-/// rows are locked until the transaction ends).
+/// `$1` chat uuid, `$2` user uuid, `$3` turn ref, `$4` the lease in
+/// milliseconds. `chat` then `usr` take the two rows `FOR SHARE`, each only
+/// where `busy_turn_ref` is `$3` (the rule of [`HELD`]), the chat row first,
+/// as every statement orders them. A row lock `FOR SHARE` conflicts with
+/// `FOR UPDATE` and with the row lock of an `UPDATE` (`FOR KEY SHARE` would
+/// not: an `UPDATE` of non-key columns takes only `FOR NO KEY UPDATE`), so
+/// until the transaction ends no take-over ([`ACQUIRE`]'s `FOR UPDATE` and
+/// upsert, [`ACQUIRE_USER`], [`RELEASE`], [`RELEASE_STALE`], and the turn's
+/// own [`KEEP`]) can write either row: the takers skip them and answer busy,
+/// the others wait [`ROW_WAIT`] and fail with `55P03`. A take-over
+/// committed first is seen: under READ COMMITTED the fence waits for a
+/// writer under way and re-checks `$3` on the row's newest version (no row,
+/// the turn lost it); under REPEATABLE READ or SERIALIZABLE it fails with
+/// 40001 instead, and the transaction with it. So no write of the
+/// transaction commits after another holder took either lock. No time is
+/// compared: a lease that ran out but was not taken over still holds.
+///
+/// `{bound}` (the pool's mode; nothing under the sandbox, whose transaction
+/// outlives the fence) sets, for the rest of the transaction, `$4` as its
+/// `lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`
+/// and, from PostgreSQL 17, `transaction_timeout`, in the `WHERE` of the
+/// chat row before it is locked. So the fence waits at most a lease for a
+/// row, and a transaction whose caller stalls (a stopped VM, a `fun` that
+/// hangs) is ended by the server a lease after it stalled at the latest
+/// (from 17, a lease after the fence), its writes rolled back, and the rows
+/// are free. Returns one row: `held`, whether it holds both (then both rows
+/// are locked until the transaction ends).
+#[rustfmt::skip]
 pub(crate) const FENCE: Def = Def {
     name: "transaction",
     text: "
 WITH chat AS (
-  SELECT 1 FROM {chats} c WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
+  SELECT 1 FROM {chats} c WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text{bound}
   FOR SHARE
 ),
 usr AS (
@@ -254,14 +322,24 @@ usr AS (
   FOR SHARE
 )
 SELECT EXISTS (SELECT 1 FROM usr) AS held",
-    params: &[Type::UUID, Type::UUID, Type::TEXT],
+    params: &[Type::UUID, Type::UUID, Type::TEXT, Type::INT4],
 };
 
+/// [`FENCE`]'s `{bound}`: each timeout set to `$4` for the transaction.
+#[rustfmt::skip]
+const FENCE_BOUND: &str = "
+    AND set_config('lock_timeout', $4::int4::text, true) IS NOT NULL
+    AND set_config('statement_timeout', $4::int4::text, true) IS NOT NULL
+    AND set_config('idle_in_transaction_session_timeout', $4::int4::text, true) IS NOT NULL
+    AND set_config(CASE WHEN current_setting('server_version_num')::int4 >= 170000
+      THEN 'transaction_timeout' ELSE 'lock_timeout' END, $4::int4::text, true) IS NOT NULL";
+
 /// [`FENCE`]'s text for the tables under `prefix` (quoted, as every
-/// statement names them). It needs only their names, so it is known before
-/// the tables are read, in either mode.
-pub fn fence(prefix: Option<&str>) -> String {
-    name_tables(FENCE.text, prefix)
+/// statement names them), `bounded` by the lease (`$4`) or not (then it
+/// takes the first three parameters alone). It needs only the tables'
+/// names, so it is known before the tables are read, in either mode.
+pub fn fence(prefix: Option<&str>, bounded: bool) -> String {
+    name_tables(FENCE.text, prefix).replace("{bound}", if bounded { FENCE_BOUND } else { "" })
 }
 
 /// Re-dates a click's lock as if taken now, only while `$2` still holds it.
@@ -273,7 +351,7 @@ pub(crate) const KEEP_USER: Def = Def {
     name: "keep_user",
     text: concat!("
 UPDATE {users} SET busy_since = ", dated!("{user_now}", "$3", "$4"), "
-WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text
+WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text AND {wait}
 RETURNING 1"),
     params: &[Type::UUID, Type::TEXT, Type::INT4, Type::INT4],
 };
@@ -300,7 +378,7 @@ pub(crate) const KEEP: Def = Def {
 WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
-    AND ", fresh!("c.", "{chat_now}", "$4"), "
+    AND ", fresh!("c.", "{chat_now}", "$4"), " AND {wait}
   FOR UPDATE
 ),
 usr AS (
@@ -335,11 +413,11 @@ pub(crate) const RELEASE: Def = Def {
     text: "
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
-  WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
+  WHERE uuid = $1::uuid AND busy_turn_ref = $3::text AND {wait}
   RETURNING 1
 )
 UPDATE {users} SET busy_since = NULL, busy_turn_ref = NULL
-WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text
+WHERE user_uuid = $2::uuid AND busy_turn_ref = $3::text AND {wait}
   AND (SELECT count(*) FROM chat) >= 0",
     params: &[Type::UUID, Type::UUID, Type::TEXT],
 };
@@ -359,7 +437,7 @@ pub(crate) const RELEASE_STALE: Def = Def {
 WITH chat AS (
   UPDATE {chats} SET busy_since = NULL, busy_turn_ref = NULL
   WHERE uuid = $1::uuid AND busy_turn_ref = $3::text
-    AND ", stale!("", "{chat_now}", "$4"), "
+    AND ", stale!("", "{chat_now}", "$4"), " AND {wait}
   RETURNING 1
 ),
 usr AS (
@@ -377,7 +455,7 @@ pub(crate) const RELEASE_USER: Def = Def {
     name: "release_user",
     text: "
 UPDATE {users} SET busy_since = NULL, busy_turn_ref = NULL
-WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text",
+WHERE user_uuid = $1::uuid AND busy_turn_ref = $2::text AND {wait}",
     params: &[Type::UUID, Type::TEXT],
 };
 
@@ -488,10 +566,18 @@ pub(crate) const LOCKS: [&Def; 10] = [
 ];
 
 impl Def {
-    /// The text with the placeholders filled in for `tables`.
-    pub fn fill(&self, tables: &Tables) -> String {
+    /// The text with the placeholders filled in for `tables`; `{wait}` as
+    /// [`ROW_WAIT`] when `bounded` (the pool), as nothing under the sandbox,
+    /// whose transaction the setting would outlive each statement in.
+    pub fn fill(&self, tables: &Tables, bounded: bool) -> String {
         let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
             tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
+        };
+        let wait = match bounded {
+            true => {
+                format!("set_config('lock_timeout', '{}', true) IS NOT NULL", ROW_WAIT.as_millis())
+            }
+            false => "true".to_owned(),
         };
         self.text
             .replace("{chats}", &tables.chats)
@@ -500,6 +586,7 @@ impl Def {
             .replace("{user_now}", tables.user_now)
             .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
             .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned()))
+            .replace("{wait}", &wait)
     }
 }
 
@@ -510,9 +597,9 @@ impl Def {
 pub(crate) struct Statements(Vec<(&'static str, String)>);
 
 impl Statements {
-    /// Fills the placeholders in for `tables`.
-    pub fn new(tables: &Tables) -> Self {
-        Statements(LOCKS.iter().map(|def| (def.name, def.fill(tables))).collect())
+    /// Fills the placeholders in for `tables`, `bounded` or not (see [`Def::fill`]).
+    pub fn new(tables: &Tables, bounded: bool) -> Self {
+        Statements(LOCKS.iter().map(|def| (def.name, def.fill(tables, bounded))).collect())
     }
 
     /// The text of `def`, one of [`LOCKS`].
@@ -536,7 +623,7 @@ mod tests {
 
     #[test]
     fn no_statement_changes_updated_at_or_reads_a_node_clock() {
-        for (name, text) in &Statements::new(&tables(None, Vec::new())).0 {
+        for (name, text) in &Statements::new(&tables(None, Vec::new()), true).0 {
             assert!(!text.contains("updated_at"), "{name}");
             assert!(!text.contains("clock_timestamp"), "{name}");
         }
@@ -546,7 +633,7 @@ mod tests {
     fn a_new_settings_row_gets_the_fills_and_an_update_never_does() {
         let tables = tables(None, vec![("\"updated_at\"".into(), "now()")]);
         for def in [&ACQUIRE, &ACQUIRE_USER] {
-            let text = def.fill(&tables);
+            let text = def.fill(&tables, true);
             let (insert, update) = text.split_once("ON CONFLICT").expect("an upsert");
             assert!(insert.contains("busy_turn_ref, \"updated_at\")"), "{insert}");
             assert!(!update.contains("updated_at"), "{update}");
@@ -556,12 +643,15 @@ mod tests {
     #[test]
     fn the_fence_names_the_tables_as_the_lock_statements_do() {
         for prefix in [None, Some("phoenix_kit")] {
-            let text = fence(prefix);
-            assert_eq!(text, FENCE.fill(&tables(prefix, Vec::new())));
+            let text = fence(prefix, false);
+            let named = FENCE.fill(&tables(prefix, Vec::new()), false).replace("{bound}", "");
+            assert_eq!(text, named);
             assert!(!text.contains('{'), "{text}");
+            assert!(!fence(prefix, true).contains('{'));
         }
-        let used = (1..=9).filter(|n| FENCE.text.contains(&format!("${n}"))).count();
-        assert_eq!(used, FENCE.params.len());
+        let used = |text: &str| (1..=9).filter(|n| text.contains(&format!("${n}"))).count();
+        assert_eq!(used(&fence(None, true)), FENCE.params.len());
+        assert_eq!(used(&fence(None, false)), FENCE.params.len() - 1);
         assert_eq!(FENCE.text.matches("FOR SHARE").count(), 2);
     }
 }

@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use locks_core::args::{CLICK_REF_PREFIX, MAX_REF_BYTES, MAX_TTL_S};
-use locks_core::{global, schema, Deadline, Job, LockPool, Settings};
+use locks_core::{global, schema, Deadline, Job, LockPool, Settings, ROW_WAIT};
 use rustler::{Atom, Env, NifMap, NifResult, Term};
 
 use crate::atoms;
@@ -61,7 +61,7 @@ fn setup(kind: Term<'_>) -> NifResult<Atom> {
 #[rustler::nif]
 fn fence_sql() -> NifResult<String> {
     let pool = global::current().map_err(raise)?;
-    Ok(locks_core::fence(pool.settings().prefix.as_deref()))
+    Ok(locks_core::fence(pool.settings().prefix.as_deref(), true))
 }
 
 #[rustler::nif]
@@ -70,18 +70,25 @@ fn loaded() -> bool {
 }
 
 /// The limits of the argument rules (`locks_core::args`), which the Elixir
-/// API checks before any call, to word its `ArgumentError`.
+/// API checks before any call, to word its `ArgumentError`, and the longest
+/// a statement waits for a row (`locks_core::ROW_WAIT`), which its docs state.
 #[derive(NifMap)]
 #[rustler(encode)]
 struct Rules {
     click_prefix: &'static str,
     max_ref_bytes: usize,
     max_ttl_s: i32,
+    row_wait_ms: u64,
 }
 
 #[rustler::nif]
 fn rules() -> Rules {
-    Rules { click_prefix: CLICK_REF_PREFIX, max_ref_bytes: MAX_REF_BYTES, max_ttl_s: MAX_TTL_S }
+    Rules {
+        click_prefix: CLICK_REF_PREFIX,
+        max_ref_bytes: MAX_REF_BYTES,
+        max_ttl_s: MAX_TTL_S,
+        row_wait_ms: u64::try_from(ROW_WAIT.as_millis()).unwrap_or(u64::MAX),
+    }
 }
 
 /// The lock functions, as the Elixir API names them (`Job::functions`).

@@ -27,6 +27,7 @@ pub fn exception(err: Error) -> LocksError {
         Error::PoolTimeout(_) => (atoms::pool_timeout(), None),
         Error::Timeout(_) => (atoms::timeout(), None),
         Error::Disconnected(_) => (atoms::disconnected(), None),
+        Error::RowLocked(_) => (atoms::row_locked(), None),
         Error::Statement { sqlstate, .. } => (atoms::statement(), Some(sqlstate.clone())),
     };
     LocksError { reason, message: err.to_string(), sqlstate }

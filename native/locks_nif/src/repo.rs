@@ -34,7 +34,7 @@ fn repo_start(prefix: Option<String>) -> Atom {
 /// (`locks_core::fence`).
 #[rustler::nif]
 fn repo_fence_sql() -> NifResult<String> {
-    Ok(locks_core::fence(current()?.prefix()))
+    Ok(locks_core::fence(current()?.prefix(), false))
 }
 
 /// `{:columns, sql, params}` (run it, give its rows to `repo_columns/1`, ask

@@ -91,25 +91,9 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
            end)
   end
 
-  # Holds the row of `chat` (FOR UPDATE) in a transaction of its own until
-  # `TestDB.close/1`.
-  defp hold_row!(chat) do
-    holder = TestDB.session!()
-    TestDB.query!("BEGIN", holder)
-
-    TestDB.query!(
-      "SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
-      holder
-    )
-
-    holder
-  end
-
+  # The backend of `app` that a TestDB.stall!/1 keeps running, if any.
   defp waiting_backend(app) do
-    case TestDB.query!("""
-         SELECT pid FROM pg_stat_activity
-         WHERE application_name = '#{app}' AND wait_event_type = 'Lock'
-         """) do
+    case TestDB.stalled_backends(app) do
       [[pid]] -> String.to_integer(pid)
       [] -> nil
     end
@@ -148,17 +132,16 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       [chat] = insert_chats!(1)
       users = for _ <- 1..3, do: new_user()
 
-      # Three calls that wait together for the chat's row: three connections.
-      answers =
-        race_at_row({:chat, chat}, 3, fn i ->
-          Locks.acquire(chat, Enum.at(users, i - 1), "warm-#{i}", 60)
-        end)
+      # Three calls kept running together (TestDB.stall!/1): three connections.
+      chats = [chat | insert_chats!(2)]
+      stalls = Enum.map(users, &TestDB.stall!/1)
 
-      assert Enum.sort(answers) == [
-               :ok,
-               {:error, :conversation_busy},
-               {:error, :conversation_busy}
-             ]
+      calls =
+        for {c, u} <- Enum.zip(chats, users), do: Task.async(Locks, :acquire, [c, u, "w", 60])
+
+      assert eventually(5_000, fn -> length(TestDB.stalled_backends(app)) == 3 end)
+      Enum.each(stalls, &TestDB.unstall!/1)
+      assert Task.await_many(calls) == [:ok, :ok, :ok]
 
       assert [1, 2, 3] == Enum.map(Proxy.connections(proxy), & &1.id)
 
@@ -233,19 +216,19 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
       assert dropped > 0
     end
 
-    test "a timed-out acquire/4 waiting for a row is cancelled on the server: the row's " <>
-           "release does not let it run",
+    test "a timed-out acquire/4 kept running at the server is cancelled there: letting it " <>
+           "go on does not let it run",
          %{proxy: proxy, app: app} do
       {chat, user, turn} = turn_through!(proxy, app, 2)
       [backend] = backends(app)
-      holder = hold_row!(chat)
+      stall = TestDB.stall!(user)
 
       assert_times_out(fn -> Locks.acquire(chat, user, turn, 60) end)
 
-      # Cancelled, the backend stops waiting (and ends: its client reset the
-      # connection) while the row is still held.
+      # Cancelled, the backend stops (and ends: its client reset the
+      # connection) while it would still be kept.
       stopped_waiting = eventually(2_000, fn -> waiting_backend(app) == nil end)
-      TestDB.close(holder)
+      TestDB.unstall!(stall)
       await_exit!(backend)
 
       assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: nil]
@@ -272,17 +255,17 @@ defmodule PhoenixKitAgent.Turns.NetworkTest do
   end
 
   describe "a connection lost while the statement is in flight" do
-    test "a backend terminated while acquire/4 waits for a row: :disconnected naming " <>
-           "57P01, and the next call runs on a new connection",
+    test "a backend terminated while acquire/4 runs: :disconnected naming 57P01, and the " <>
+           "next call runs on a new connection",
          %{proxy: proxy, app: app} do
       {chat, user, turn} = turn_through!(proxy, app, 1)
-      holder = hold_row!(chat)
+      stall = TestDB.stall!(user)
 
       task = Task.async(fn -> timed(fn -> Locks.acquire(chat, user, turn, 60) end) end)
       backend = eventually(2_000, fn -> waiting_backend(app) end)
       assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
       {ms, answer} = Task.await(task)
-      TestDB.close(holder)
+      TestDB.unstall!(stall)
 
       assert answer ==
                {:error,

@@ -7,14 +7,16 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
   #   * the racer first: it has committed before the transaction starts, and
   #     the transaction answers {:error, :lost} with nothing written;
   #   * the transaction first: it is open (its write made) when the racer is
-  #     sent, the racer is seen waiting for the transaction's backend
-  #     (pg_blocking_pids, polled), has not answered, and answers only once
-  #     the transaction committed its write.
+  #     sent, and the racer answers while it is still open, without waiting
+  #     for it: a taker is refused at once, release_stale/4 frees nothing, a
+  #     release raises :row_locked after ROW_WAIT; the same call after the
+  #     commit does what it does on a free row.
   #
   # Stale locks are made by backdating busy_since, never by sleeping.
   use PhoenixKitAgent.Turns.LockCase, async: true
 
-  alias PhoenixKitAgent.Turns.Locks.SandboxRepo
+  alias PhoenixKitAgent.Turns.Locks.{Native, SandboxRepo}
+  alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
 
   @ttl 60
 
@@ -82,29 +84,28 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
     {pid, backend}
   end
 
-  # Polls, bounded, until some backend waits for `backend` (a row lock it holds).
-  defp assert_blocked_by!(backend) do
-    blocked =
-      "SELECT count(*) FROM pg_stat_activity WHERE #{backend} = ANY(pg_blocking_pids(pid))"
-
-    assert Enum.any?(1..10_000, fn _ -> TestDB.value!(blocked) != "0" end),
-           "nothing waited for the fenced transaction"
-  end
-
-  # Sends `racer` while a fenced transaction of `ids` is open, and returns
-  # its answer, asserting that it came only after the transaction's commit.
-  defp race_open_transaction(ids, racer, last \\ fn _repo -> :ok end) do
-    {fenced, backend} = open_fenced!(ids, last)
-    task = Task.async(racer)
-    assert_blocked_by!(backend)
-    # Still waiting: the transaction has not ended.
-    assert Task.yield(task, 0) == nil
+  # Runs `racer` while a fenced transaction of `ids` is open (its write
+  # made), then commits it; the racer's answer, asserted to have come within
+  # twice ROW_WAIT (the most a statement waits for rows) with the
+  # transaction still open.
+  defp while_open(ids, racer, last \\ fn _repo -> :ok end) do
+    {fenced, _backend} = open_fenced!(ids, last)
+    started = System.monotonic_time(:millisecond)
+    answer = racer.()
+    took = System.monotonic_time(:millisecond) - started
+    assert took < 2 * row_wait_ms() + 500, "the racer answered after #{took} ms"
+    refute_received {:ended, ^fenced, _}
     send(fenced, :commit)
     assert_receive {:ended, ^fenced, {:ok, :written}}, 10_000
     {chat, _user, turn} = ids
     assert messages(chat) == [[turn]]
-    Task.await(task, 10_000)
+    answer
   end
+
+  defp row_wait_ms, do: Native.rules().row_wait_ms
+
+  # `fun`'s exception's reason, after `fun` raised Locks.Error.
+  defp raised(fun), do: assert_raise(Locks.Error, fun).reason
 
   # The turn holds both locks, taken `age` seconds ago (older than @ttl: stale).
   defp turn!(age \\ 0) do
@@ -167,13 +168,13 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
       assert_locks([chat: chat, user: user], chat: {"turn-2", 0}, user: {"turn-2", 0})
     end
 
-    test "a take-over sent while the transaction is open waits for its commit, even when fun writes the chat row" do
+    test "a take-over while the transaction is open is refused at once, even when fun writes " <>
+           "the chat row; after the commit it takes the locks" do
       {chat, user, _turn} = ids = turn!(2 * @ttl)
       other_user = new_user()
       {chats, _key} = TestDB.table(:chat)
 
-      # The fence's FOR SHARE becomes the row lock of an UPDATE, with the taker
-      # waiting for the row: the transaction does not wait for the taker.
+      # The fence's FOR SHARE becomes the row lock of an UPDATE.
       touch_chat = fn repo ->
         {:ok, _} =
           repo.query(
@@ -183,41 +184,100 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
           )
       end
 
-      assert race_open_transaction(
-               ids,
-               fn -> Locks.acquire(chat, other_user, "turn-2", @ttl) end,
-               touch_chat
-             ) == :ok
-
+      take = fn -> Locks.acquire(chat, other_user, "turn-2", @ttl) end
+      assert while_open(ids, take, touch_chat) == {:error, :conversation_busy}
+      assert take.() == :ok
       assert_locks([chat: chat, user: other_user], chat: {"turn-2", 0}, user: {"turn-2", 0})
       assert Locks.transaction(SandboxRepo, ids, fn -> flunk("fun ran") end) == {:error, :lost}
       assert lock(:user, user) |> elem(0) == elem(ids, 2)
     end
 
-    test "release/3 sent while the transaction is open waits for its commit" do
+    test "release/3 while the transaction is open raises :row_locked and frees nothing; " <>
+           "after the commit it frees both" do
       {chat, user, turn} = ids = turn!()
-      assert race_open_transaction(ids, fn -> Locks.release(chat, user, turn) end) == :ok
+      release = fn -> Locks.release(chat, user, turn) end
+      assert while_open(ids, fn -> raised(release) end) == :row_locked
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {turn, 0})
+      assert release.() == :ok
       assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
     end
 
-    test "release_stale/4 sent while the transaction is open waits for its commit" do
+    test "release_stale/4 while the transaction is open answers false; after the commit, true" do
       {chat, user, turn} = ids = turn!(2 * @ttl)
-
-      assert race_open_transaction(ids, fn -> Locks.release_stale(chat, user, turn, @ttl) end) ==
-               true
-
+      release_stale = fn -> Locks.release_stale(chat, user, turn, @ttl) end
+      assert while_open(ids, release_stale) == false
+      assert release_stale.() == true
       assert locks(chat: chat, user: user) == [chat: {nil, nil}, user: {nil, nil}]
     end
 
-    test "a click sent while the transaction is open waits for its commit" do
+    test "a click while the transaction is open is refused at once (:turn_in_flight, the " <>
+           "committed holder); after the commit it takes the user's lock" do
       {chat, user, turn} = ids = turn!()
       backdate!([user: user], 2 * @ttl)
       click = Locks.click_ref()
+      take = fn -> Locks.acquire_user(user, click, @ttl, 30) end
+      assert while_open(ids, take) == {:error, :turn_in_flight}
+      assert take.() == :ok
+      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {click, @ttl - 30})
+    end
 
-      assert race_open_transaction(ids, fn -> Locks.acquire_user(user, click, @ttl, 30) end) ==
+    test "a transaction left open past its lease is ended by the server: its write rolls back, " <>
+           "and the locks can be taken over" do
+      {chat, user, turn} = ids = turn!(2 * @ttl)
+      test = self()
+
+      pid =
+        spawn(fn ->
+          # psql's session ends with its connection, and would take this process with it.
+          Process.flag(:trap_exit, true)
+
+          result =
+            try do
+              Locks.transaction(
+                SandboxRepo,
+                ids,
+                fn repo ->
+                  write!(repo, ids)
+                  send(test, :written)
+                  receive(do: (:commit -> :written))
+                end,
+                lease_s: 1
+              )
+            rescue
+              error -> {:raised, Exception.message(error)}
+            catch
+              :exit, reason -> {:raised, inspect(reason)}
+            end
+
+          send(test, {:ended, result})
+        end)
+
+      assert_receive :written, 10_000
+      # Refused while the transaction is open, taken once the server ended it.
+      assert Faults.until(
+               fn -> Locks.acquire(chat, new_user(), "turn-2", @ttl) == :ok end,
+               10_000
+             ) ==
                :ok
 
-      assert_locks([chat: chat, user: user], chat: {turn, 0}, user: {click, @ttl - 30})
+      send(pid, :commit)
+      # The repo's error for its lost connection (psql's, here; Postgrex's
+      # names 25P03 too), raised at the commit.
+      assert_receive {:ended, {:raised, error}}, 10_000
+      assert error =~ "idle-in-transaction timeout"
+      assert messages(chat) == []
+      assert lock(:chat, chat) |> elem(0) == "turn-2"
+      assert lock(:user, user) |> elem(0) == turn
+    end
+
+    test "transaction/4's :lease_s is whole seconds" do
+      ids = turn!()
+
+      for bad <- [0, 1.5, :infinity] do
+        assert_raise ArgumentError, ~r/^invalid lease_s/, fn ->
+          Locks.transaction(SandboxRepo, ids, fn -> flunk("fun ran") end, lease_s: bad)
+        end
+      end
     end
 
     test "after release/3, release_stale/4 or a click took a lock, the transaction writes nothing" do

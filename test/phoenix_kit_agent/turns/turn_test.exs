@@ -175,39 +175,29 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     assert {"successor", _age} = TestDB.lock(:user, user)
   end
 
-  test "a renewal that fails for a transient error is tried again within the lease", %{
-    chat: chat,
-    user: user
-  } do
-    # Calls cut off after 1.4 s (a second of it to open a connection: the
-    # timed-out one is closed, and the retry opens another); a 12-second
-    # lease, renewed every 4 s, retried every 1.3 s after a failure.
-    :ok =
-      AppEnv.restart(
-        url: TestDB.url(),
-        checkout_timeout: 200,
-        connect_timeout: 1_000,
-        statement_timeout: 200
-      )
-
+  test "a renewal that meets a row another transaction holds is tried again within the " <>
+         "lease, and the turn goes on",
+       %{chat: chat, user: user} do
+    # A 12-second lease, renewed every 4 s, retried with the back-off after a failure.
     psql = TestDB.session!(TestDB.url())
 
-    assert {:ok, :kept_after_a_timeout} =
+    assert {:ok, :kept_after_a_held_row} =
              Locks.with_turn(chat, user, [ttl_s: 12], fn turn ->
-               # The user's row is held by another session: the next renewal
-               # waits for it and times out.
+               # The user's row is held by another session (as by the turn's
+               # own fenced write): the next renewal waits ROW_WAIT for it
+               # and fails, having changed nothing.
                TestDB.query!(
                  "BEGIN; SELECT 1 FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}' FOR UPDATE",
                  psql
                )
 
-               assert next_keep(8_000) == {:failed, :timeout}
+               assert next_keep(8_000) == {:failed, :row_locked}
+               refute Locks.lost?(turn)
                TestDB.query!("ROLLBACK", psql)
-               # Tried again (on a new connection: the timed-out one was
-               # closed) until it renews, well within the lease.
+               # Tried again until it renews, well within the lease.
                assert Enum.find(1..5, fn _ -> next_keep(8_000) == :kept end)
                refute Locks.lost?(turn)
-               :kept_after_a_timeout
+               :kept_after_a_held_row
              end)
 
     TestDB.close(psql)
@@ -315,17 +305,9 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
     test "the keeper killed during its acquire: :not_started, nobody told, and the locks " <>
            "released once the acquire returned, though the keeper started in its place ended first",
          %{chat: chat, user: user} do
-      # The user's row exists, then is held by another session: the acquire
-      # takes the chat's row and waits for the user's.
-      other_chat = TestDB.insert_chat!()
-      :ok = Locks.acquire(other_chat, user, "earlier", 60)
-      :ok = Locks.release(other_chat, user, "earlier")
-      psql = TestDB.session!(TestDB.url())
-
-      TestDB.query!(
-        "BEGIN; SELECT 1 FROM phoenix_kit_agent_user_settings WHERE user_uuid = '#{user}' FOR UPDATE",
-        psql
-      )
+      # The acquire is kept running at the server (TestDB.stall!/1), holding
+      # the chat's row and not the user's. Nothing else waits.
+      stall = TestDB.stall!(user)
 
       me = self()
 
@@ -340,7 +322,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
         send(me, {:result, result, Process.info(self(), :messages)})
       end)
 
-      waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+      waiting = "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'PgSleep'"
       assert Faults.until(fn -> TestDB.query!(waiting) == [["1"]] end, 5_000) == :ok
       [{_, keeper, _, _}] = DynamicSupervisor.which_children(Locks.Keepers)
       Process.exit(keeper, :kill)
@@ -348,8 +330,7 @@ defmodule PhoenixKitAgent.Turns.TurnTest do
       # waits; the acquire's own process releases once it returned.
       assert Faults.until(fn -> keepers() == 0 end, 5_000) == :ok
       assert TestDB.query!(waiting) == [["1"]]
-      TestDB.query!("ROLLBACK", psql)
-      TestDB.close(psql)
+      TestDB.unstall!(stall)
 
       assert_receive {:result, {:raised, :not_started}, {:messages, []}}, 5_000
       assert Faults.until(fn -> free?(chat, user) end, 5_000) == :ok

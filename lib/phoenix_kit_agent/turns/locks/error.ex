@@ -14,6 +14,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
     * `:disconnected` — the connection was lost with the statement in flight
       (a server shutdown, `pg_terminate_backend`, a broken path); the
       statement **may have run**;
+    * `:row_locked` — a row the call writes (`keep/5`, `keep_user/4`,
+      `release/3`, `release_user/2`) stayed locked by another session's
+      transaction (the turn's own fenced write, a host's transaction) for
+      the whole wait (it gives up after 400 ms a row); the statement changed
+      nothing: try again.
+      Also raised by `transaction/4` when its fence waited a whole lease;
     * `:statement` — PostgreSQL refused the statement, which changed nothing;
       `:sqlstate` says why (`"42501"`: the role may not write the tables);
     * `:config` — a setting, or the tables it points at, cannot be used (the
@@ -32,6 +38,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
             | :pool_timeout
             | :timeout
             | :disconnected
+            | :row_locked
             | :statement
             | :config
             | :not_started

@@ -65,16 +65,25 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
   # (locks_core/src/error.rs): a FATAL error or a shutdown ended the session
   # with the statement in flight; a cancel (57014) is the repo's `:timeout`
   # (the sandbox cancels a query that outlasts it) or the server's
-  # statement_timeout; any other refused it.
+  # statement_timeout; a lock_timeout (55P03: the fence's bound) is
+  # `:row_locked`; any other refused it.
   def error(%{postgres: %{pg_code: sqlstate} = postgres}) when is_binary(sqlstate) do
     cause = "#{postgres[:message]} (#{sqlstate})"
     fatal? = postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"]
 
     {reason, message} =
       cond do
-        fatal? -> {:disconnected, "connection lost while the statement was in flight: " <> cause}
-        sqlstate == "57014" -> {:timeout, "timed out: " <> cause}
-        true -> {:statement, "statement failed: #{sqlstate}: #{postgres[:message]}"}
+        fatal? ->
+          {:disconnected, "connection lost while the statement was in flight: " <> cause}
+
+        sqlstate == "57014" ->
+          {:timeout, "timed out: " <> cause}
+
+        sqlstate == "55P03" ->
+          {:row_locked, "a lock row stayed locked by another transaction: " <> cause}
+
+        true ->
+          {:statement, "statement failed: #{sqlstate}: #{postgres[:message]}"}
       end
 
     %Error{reason: reason, message: message, sqlstate: if(reason == :statement, do: sqlstate)}

@@ -191,39 +191,31 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
     end
   end
 
-  describe "a chat row locked by another transaction" do
+  describe "a call kept running at the server past its deadline" do
     test "acquire/4 raises Locks.Error :timeout at the call's deadline, its statement is " <>
-           "cancelled (it never takes the lock later), and the next one takes it once the row is free",
+           "cancelled (it never takes the lock later), and the next one takes it",
          %{url: url} do
       [chat] = TestDB.insert_chats!(1, url)
       user = TestDB.uuid()
       node = start_node(url)
-      psql = TestDB.session!(url)
-
-      TestDB.query!(
-        "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
-        psql
-      )
+      stall = TestDB.stall!(user, url)
 
       [{answer, ms}] = Node.call(node, Faults, :timed_many, [[{:acquire, [chat, user, "t", 60]}]])
       assert {:raised, %Error{reason: :timeout}} = answer
       assert ms >= @call_timeout_ms - 100 and ms <= @bound_ms
-      # A read is not blocked by the row lock.
+      # A read is not held up by it.
       refute Node.call(node, Locks, :held?, [chat, user, "t"])
 
-      # The cancel request stops the statement that waits for the row: no
-      # backend of the library waits for a lock any more. Were it left to
-      # wait, it would take the lock the moment the row is free, for a call
-      # that has already raised.
-      waiting = """
-      SELECT count(*) FROM pg_stat_activity
-      WHERE application_name = 'phoenix_kit_agent_locks' AND wait_event_type = 'Lock'
-      """
+      # The cancel request stops the statement: no backend of the library
+      # runs it any more. Were it left to run, it would take the lock the
+      # moment it is let go, for a call that has already raised.
+      assert :ok =
+               Faults.until(
+                 fn -> TestDB.stalled_backends("phoenix_kit_agent_locks", url) == [] end,
+                 5_000
+               )
 
-      # Read outside psql's transaction: within one, pg_stat_activity is the
-      # same snapshot every time.
-      assert :ok = Faults.until(fn -> TestDB.query!(waiting, url) == [["0"]] end, 5_000)
-      TestDB.query!("ROLLBACK", psql)
+      TestDB.unstall!(stall)
 
       assert TestDB.query!(
                "SELECT busy_turn_ref FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}'",
@@ -231,7 +223,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
              ) == [[nil]]
 
       assert Node.call(node, Locks, :acquire, [chat, user, "t", 60]) == :ok
-      TestDB.close(psql)
     end
   end
 

@@ -52,30 +52,24 @@ defmodule PhoenixKitAgent.Turns.Robustness.FreezeTest do
     %{node: node, chats: chats}
   end
 
-  # Opens every connection of the pool: pool_size calls wait together for a
-  # row another session holds, so each needs a connection of its own. Then
-  # the frozen calls reach the server on them instead of trying to connect.
-  defp warm!(node, url, name, chat) do
+  # Opens every connection of the pool: pool_size calls kept running together
+  # (TestDB.stall!/2), so each needs a connection of its own. Then the frozen
+  # calls reach the server on them instead of trying to connect.
+  defp warm!(node, url, name, _chat) do
     pool_size = Config.default_pool_size()
-    psql = TestDB.session!(url)
-
-    TestDB.query!(
-      "BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
-      psql
-    )
-
-    calls = for _ <- 1..pool_size, do: {:acquire, [chat, TestDB.uuid(), "warm", 60]}
+    chats = TestDB.insert_chats!(pool_size, url)
+    users = for _ <- 1..pool_size, do: TestDB.uuid()
+    stalls = for user <- users, do: TestDB.stall!(user, url)
+    calls = for {chat, user} <- Enum.zip(chats, users), do: {:acquire, [chat, user, "warm", 60]}
     waiting = Node.async(node, Faults, :timed_many, [calls])
 
-    count = """
-    SELECT count(*) FROM pg_stat_activity WHERE application_name = '#{name}' AND wait_event_type = 'Lock'
-    """
+    assert :ok =
+             Faults.until(
+               fn -> length(TestDB.stalled_backends(name, url)) == pool_size end,
+               10_000
+             )
 
-    # Read outside the transaction that holds the row: within one,
-    # pg_stat_activity is the same snapshot every time.
-    assert :ok = Faults.until(fn -> TestDB.query!(count, url) == [["#{pool_size}"]] end, 10_000)
-    TestDB.query!("ROLLBACK", psql)
-    TestDB.close(psql)
+    Enum.each(stalls, &TestDB.unstall!/1)
     assert length(Node.await(node, waiting)) == pool_size
   end
 

@@ -1,7 +1,7 @@
 defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   # The queue (native/locks_core/src/queue.rs), with a pool of one
-  # connection in a child node: the first call waits for a row another
-  # session holds, and the next ones wait in line behind it. The calls in
+  # connection in a child node: the first call is kept running at the
+  # server (TestDB.stall!/1), and the next ones wait in line behind it. The calls in
   # line run in order: a call that ends runs the next RUN_NEXT from the line
   # on its slot, then hands the slot to the first in line; a caller that
   # dies leaves the line, or gives back the slot it held, at once; a stop
@@ -38,28 +38,15 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     until!(node, :running, 0)
   end
 
-  # The first of `calls` (an acquire) waits for its chat's row, which a session
-  # of its own holds until `TestDB.query!("COMMIT", session)`; the others wait in
-  # line behind it, in order. The session.
-  defp line!(node, [{:acquire, [chat | _]} | _] = calls) do
+  # The first of `calls` (an acquire of a user with no row) is kept running
+  # at the server until `TestDB.unstall!(stall)`; the others wait in line
+  # behind it, in order. The stall.
+  defp line!(node, [{:acquire, [chat, user | _]} | _] = calls) do
     # Opens the pool's connection first, so the first call does not connect.
     assert Node.call(node, Locks, :held?, [chat, TestDB.uuid(), "warm"]) == false
-    session = hold_row!(chat)
+    stall = TestDB.stall!(user)
     :ok = Node.call(node, Queue, :start, [calls])
-    session
-  end
-
-  defp hold_row!(chat) do
-    session = TestDB.session!(TestDB.url())
-
-    TestDB.query!(
-      """
-      BEGIN; SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE
-      """,
-      session
-    )
-
-    session
+    stall
   end
 
   # The node's connections to the database, by its application_name.
@@ -108,7 +95,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     blocker = line!(node, calls)
     assert %{size: 1, running: 1, waiting: 7} = status(node)
 
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
     answers = answers(node, length(calls))
 
     assert Enum.map(answers, &elem(&1, 0)) == [
@@ -152,7 +139,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     until!(node, :waiting, 1)
 
     started = System.monotonic_time(:millisecond)
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
 
     assert [{{:ok, :ok}, []}, {:killed, _}, {{:ok, :ok}, []}] = answers(node, 3)
     # Long before c's checkout deadline (10 s): it was not stuck behind b.
@@ -170,7 +157,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     assert %{running: 1, waiting: waiting} = status(node)
     assert waiting == @run_next + 1
 
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
     assert [{{:ok, :ok}, []} | ran] = answers(node, @run_next + 1)
     assert Enum.all?(ran, &match?({{:ok, false}, []}, &1)), inspect(ran)
 
@@ -185,14 +172,14 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
   test "a caller whose stamp is from the future waits in line no longer than checkout_timeout",
        %{chats: [x | _], app: app} do
     node = node!(app, checkout_timeout: 100)
-    # The one slot runs a call that waits for x's row.
+    # The one slot runs a call kept running at the server.
     blocker = line!(node, [{:acquire, [x, TestDB.uuid(), "a", 60]}])
 
     assert {%Error{reason: :pool_timeout}, {:messages, []}} =
              Node.call(node, Queue, :future_call, [])
 
     assert %{running: 1, waiting: 0} = status(node)
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
     assert [{{:ok, :ok}, []}] = answers(node, 1)
   end
 
@@ -211,7 +198,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     blocker = line!(node, calls)
     # The first call's process dies; its dirty-scheduler call runs on.
     :ok = Node.call(node, Queue, :kill, [0])
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
 
     assert [{:killed, _}, {{:ok, :ok}, []}, {{:ok, {:error, :conversation_busy}}, []}] =
              answers(node, 3)
@@ -245,14 +232,14 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 1_000, connect_timeout: 5_000, statement_timeout: 5_000)
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
-    second = hold_row!(y)
+    second = TestDB.stall!(ub)
     blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
     :ok = Node.call(node, Queue, :watch_call, [1, :leave])
 
-    # a's call ends and runs b's, which waits for y's row past b's checkout deadline.
-    TestDB.query!("COMMIT", blocker)
+    # a's call ends and runs b's, which is kept running past b's checkout deadline.
+    TestDB.unstall!(blocker)
     assert Node.call(node, Queue, :until_called, []) == :ok
-    TestDB.query!("COMMIT", second)
+    TestDB.unstall!(second)
 
     assert [{{:ok, :ok}, []}, {{:ok, :ok}, []}] = answers(node, 2)
     assert %{running: 0, waiting: 0} = status(node)
@@ -266,7 +253,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     blocker = line!(node, [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}])
     :ok = Node.call(node, Queue, :watch_call, [1, :run])
 
-    # a's backend, waiting for x's row, is terminated: a fails (:disconnected).
+    # a's backend, kept running, is terminated: a fails (:disconnected).
     backend = blocked_by!(app, blocker)
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
@@ -274,7 +261,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     # b ran its own call (Native.run/3 after its go): a's failed one ran nothing for it.
     assert Node.call(node, Queue, :called?, []), "b's call was run by a's failed one"
-    TestDB.close(blocker)
+    TestDB.unstall!(blocker)
   end
 
   test "a call run from the line that fails stops the taking: the next caller runs its own " <>
@@ -282,14 +269,14 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
        %{chats: [x, y | _], app: app} do
     node = node!(app, checkout_timeout: 10_000)
     [ua, ub] = for _ <- 1..2, do: TestDB.uuid()
-    second = hold_row!(y)
+    second = TestDB.stall!(ub)
 
     calls = [{:acquire, [x, ua, "a", 60]}, {:acquire, [y, ub, "b", 60]}, {:held?, [x, ua, "a"]}]
     blocker = line!(node, calls)
     :ok = Node.call(node, Queue, :watch_call, [2, :run])
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
 
-    # a's call ends and runs b's, which waits for y's row; its backend is terminated.
+    # a's call ends and runs b's, kept running; its backend is terminated.
     backend = blocked_by!(app, second)
     assert TestDB.query!("SELECT pg_terminate_backend(#{backend})") == [["t"]]
 
@@ -301,31 +288,26 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
 
     # c ran its own call (Native.run/3 after its go): a's ran nothing after b's failed.
     assert Node.call(node, Queue, :called?, []), "a's call ran c's after b's had failed"
-    TestDB.close(second)
+    TestDB.unstall!(second)
   end
 
-  # The backend of `app` that waits for a lock `session` holds (5 s at most).
-  defp blocked_by!(app, session),
-    do: blocked_by_pid!(app, TestDB.value!("SELECT pg_backend_pid()", session), 500)
-
-  defp blocked_by_pid!(app, pid, tries) do
-    case TestDB.query!("""
-         SELECT pid FROM pg_stat_activity
-         WHERE application_name = '#{app}' AND #{pid} = ANY(pg_blocking_pids(pid))
-         """) do
+  # The backend of `app` that a stall keeps waiting (5 s at most); with one
+  # connection, the one stalled at the time.
+  defp blocked_by!(app, _stall, tries \\ 500) do
+    case TestDB.stalled_backends(app) do
       [[backend]] ->
         backend
 
       [] when tries > 0 ->
         Process.sleep(10)
-        blocked_by_pid!(app, pid, tries - 1)
+        blocked_by!(app, nil, tries - 1)
     end
   end
 
-  # Commits the blocker once every caller but the first has answered.
+  # Lets the blocker go once every caller but the first has answered.
   defp answers_after(node, blocker, n) do
     until!(node, :waiting, 0)
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
     [{first, _} | rest] = answers(node, n)
     [first | rest]
   end
@@ -345,9 +327,9 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     blocker = line!(node, calls)
     assert Node.call(node, Application, :stop, [:phoenix_kit_agent_locks]) == :ok
 
-    # The line is told at once, while the running call still waits for the row.
+    # The line is told at once, while the running call still runs.
     until!(node, :answered, 2)
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
 
     assert [
              {{:ok, :ok}, []},
@@ -367,12 +349,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     refused = Node.call(node, Junk, :start_junk, [])
     assert Enum.all?(refused, &(&1 in [:argument_error, :decode_error, {:locks_error, :config}]))
 
-    # Four calls that each wait for x's row: one slot, so one runs and three wait.
+    # Four calls of x, the first kept running: one slot, so one runs and three wait.
     calls = for i <- 1..4, do: {:acquire, [x, TestDB.uuid(), "r#{i}", 60]}
     blocker = line!(node, calls)
     assert %{size: 1, running: 1, waiting: 3} = status(node)
 
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
     busy = {{:ok, {:error, :conversation_busy}}, []}
     assert [{{:ok, :ok}, []}, ^busy, ^busy, ^busy] = answers(node, 4)
   end
@@ -390,7 +372,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.QueueTest do
     until!(node, :waiting, 3)
     assert %{size: 1, running: 1, waiting: 3} = status(node)
 
-    TestDB.query!("COMMIT", blocker)
+    TestDB.unstall!(blocker)
     busy = {{:ok, {:error, :conversation_busy}}, []}
     assert [{{:ok, :ok}, []}, ^busy, ^busy, ^busy] = answers(node, 4)
   end
