@@ -30,7 +30,8 @@ use std::sync::{Barrier, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use locks_core::{
-    Answer, Deadline, Hold, Job, LockPool, Prepare, Settings, SslMode, Ttl, TurnRef, Uuid,
+    Answer, Deadline, Hold, Job, LockPool, Prepare, Settings, SslMode, TargetServerType, Ttl,
+    TurnRef, Uuid,
 };
 
 const TTL_S: i64 = 120;
@@ -317,6 +318,8 @@ fn settings(options: &Options) -> Result<Settings, String> {
         hostname: (!socket).then(|| host.clone()),
         socket_dir: socket.then_some(host),
         port: port.parse().map_err(|_| format!("port: {port}"))?,
+        endpoints: Vec::new(),
+        target_server_type: TargetServerType::Primary,
         username,
         password,
         database,

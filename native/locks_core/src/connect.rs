@@ -1,5 +1,5 @@
-//! Opening connections: the socket, TLS, the login, and the pause between
-//! failed attempts.
+//! Opening connections: the socket, TLS, the login, the server that takes
+//! writes among several, and the pause between failed attempts.
 //!
 //! Sockets are our own rather than tokio-postgres' `connect`'s, tuned for a
 //! pool that lives as long as the VM ([`tune`]):
@@ -14,13 +14,24 @@
 //!   (a ghost lock). A connection is only closed when it is discarded or
 //!   the pool closes, with nothing in flight worth delivering.
 //!
+//! With several servers (`endpoints`), they are tried in order, each within
+//! the connect timeout and all within the call's deadline, and under
+//! [`TargetServerType::Primary`] a server is taken only once its login
+//! answers `SHOW transaction_read_only` with `off` (libpq's
+//! `target_session_attrs=read-write`, Postgrex's `target_server_type:
+//! :primary`). tokio-postgres' own `Config::connect` tries several hosts and
+//! asks the same question, but on sockets of its own, without `SO_LINGER`
+//! or the duplicate a checkout peeks at ([`Conn::quiet`]): the loop over the
+//! servers is ours, the login and the question are tokio-postgres'.
+//!
 //! No startup options are sent (PgBouncer refuses them) and no session
 //! setting is assumed (see `sql.rs`). Every connect error names the server
 //! first (`database connection failed: 127.0.0.1:5432: …`, or the socket's
-//! path), whatever the cause: the socket, TLS, the login, or the connect
-//! timeout (a black-holed peer). While connections fail, attempts are
-//! spaced by a capped, jittered [`Backoff`]: a call that would open one
-//! meanwhile fails at once with the last error.
+//! path), whatever the cause: the socket, TLS, the login, the connect
+//! timeout (a black-holed peer), or a read-only server; with several, each
+//! server tried, in order, separated by `; `. While connections fail,
+//! attempts are spaced by a capped, jittered [`Backoff`]: a call that would
+//! open one meanwhile fails at once with the last error.
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
@@ -33,12 +44,12 @@ use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 use tokio_postgres::tls::MakeTlsConnect;
-use tokio_postgres::{CancelToken, Client};
+use tokio_postgres::{CancelToken, Client, SimpleQueryMessage};
 use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::either::Either;
 
 use crate::error::{describe, Error, Result};
-use crate::settings::{Settings, SslMode};
+use crate::settings::{Settings, SslMode, TargetServerType};
 use crate::tls;
 
 /// Idle time before the first keepalive probe.
@@ -63,15 +74,25 @@ type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
 /// Opens connections for one pool.
 #[derive(Clone)]
 pub(crate) struct Connector {
-    /// The host name or IP address; `None` for the Unix socket at `peer`.
-    host: Option<String>,
-    port: u16,
+    /// The servers, in the order they are tried: one Unix socket, or the
+    /// TCP `endpoints` (at least one).
+    servers: Vec<Server>,
+    target: TargetServerType,
     /// The login: user, password, database, application name, and whether
     /// to ask for TLS (never over a Unix socket, where the server refuses it).
     login: tokio_postgres::Config,
     tls: MakeRustlsConnect,
+    /// The longest one server's attempt may take.
     timeout: Duration,
     backoff: Arc<Mutex<Backoff>>,
+}
+
+/// One server a connection may be opened to.
+#[derive(Clone)]
+struct Server {
+    /// The host name or IP address; `None` for the Unix socket at `peer`.
+    host: Option<String>,
+    port: u16,
     /// What connect errors name: `host:port` (`[::1]:5432` for an IPv6
     /// address), or the socket's path.
     peer: String,
@@ -92,6 +113,8 @@ pub(crate) struct Conn {
     pub sent: Instant,
     /// When the server last answered on it (the login, at first).
     pub answered: Instant,
+    /// Which of the connector's servers it is open to.
+    pub server: usize,
 }
 
 impl Drop for Conn {
@@ -113,15 +136,15 @@ impl Conn {
 impl Connector {
     /// Checks what can be checked without connecting (the CA file is read).
     pub fn new(settings: &Settings) -> Result<Self> {
-        let port = settings.port()?;
-        // A socket directory wins over a host name, as in Postgrex.
-        let host = settings.hostname.as_deref().unwrap_or_default();
-        let (host, peer) = match &settings.socket_dir {
-            Some(dir) => (None, format!("{dir}/.s.PGSQL.{port}")),
-            None if host.contains(':') => (Some(host.to_owned()), format!("[{host}]:{port}")),
-            None => (Some(host.to_owned()), format!("{host}:{port}")),
+        // A socket directory wins over host names, as in Postgrex.
+        let servers = match &settings.socket_dir {
+            Some(dir) => {
+                let port = settings.port()?;
+                vec![Server { host: None, port, peer: format!("{dir}/.s.PGSQL.{port}") }]
+            }
+            None => settings.servers()?.into_iter().map(Server::tcp).collect(),
         };
-        let mode = if host.is_some() { settings.sslmode } else { SslMode::Disable };
+        let mode = if settings.socket_dir.is_none() { settings.sslmode } else { SslMode::Disable };
         let mut login = tokio_postgres::Config::new();
         login
             .user(&settings.username)
@@ -132,27 +155,45 @@ impl Connector {
             login.password(password);
         }
         Ok(Connector {
-            host,
-            port,
+            servers,
+            target: settings.target_server_type,
             login,
             tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
             timeout: Duration::from_millis(settings.connect_timeout),
             backoff: Arc::default(),
-            peer,
         })
     }
 
-    /// Opens a connection within the connect timeout, or fails at once while
-    /// the back-off after a failed attempt lasts.
-    pub async fn open(&self) -> Result<Conn> {
+    /// Opens a connection to the first server that takes it (and, under
+    /// [`TargetServerType::Primary`], takes writes), each within the connect
+    /// timeout and all by `until`; or fails at once while the back-off
+    /// after a failed attempt lasts. The error names every server: why each
+    /// one tried was passed over, and those `until` left no time for.
+    pub async fn open(&self, until: Instant) -> Result<Conn> {
         if let Some(refusal) = self.backoff().refusal(Instant::now()) {
             return Err(refusal);
         }
-        let opened = tokio::time::timeout(self.timeout, self.login()).await.unwrap_or_else(|_| {
-            Err(format!("no connection within {} ms", self.timeout.as_millis()))
-        });
-        // Every cause (the socket, TLS, the login, the timeout) names the peer.
-        let opened = opened.map_err(|cause| format!("{}: {cause}", self.peer));
+        let mut failures = Vec::new();
+        let mut opened = None;
+        for (index, server) in self.servers.iter().enumerate() {
+            let limit = self.timeout.min(until.saturating_duration_since(Instant::now()));
+            // Every cause (the socket, TLS, the login, the timeout, a
+            // read-only server) names the peer.
+            let cause = if limit.is_zero() {
+                "not tried: the call's time was up".to_owned()
+            } else {
+                match tokio::time::timeout(limit, self.login(index, server)).await {
+                    Ok(Ok(conn)) => {
+                        opened = Some(conn);
+                        break;
+                    }
+                    Ok(Err(cause)) => cause,
+                    Err(_) => format!("no connection within {} ms", limit.as_millis()),
+                }
+            };
+            failures.push(format!("{}: {cause}", server.peer));
+        }
+        let opened = opened.ok_or_else(|| failures.join("; "));
         let mut backoff = self.backoff();
         match &opened {
             Ok(_) => *backoff = Backoff::default(),
@@ -165,9 +206,9 @@ impl Connector {
         self.backoff.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A connection, or what failed.
-    async fn login(&self) -> Result<Conn, String> {
-        let (socket, tls) = self.socket().await?;
+    /// A connection to `server` (the `index`th), or what failed.
+    async fn login(&self, index: usize, server: &Server) -> Result<Conn, String> {
+        let (socket, tls) = self.socket(server).await?;
         let probe = match &socket {
             Either::Left(tcp) => SockRef::from(tcp).try_clone(),
             Either::Right(unix) => SockRef::from(unix).try_clone(),
@@ -178,36 +219,43 @@ impl Connector {
         let (client, connection) =
             self.login.connect_raw(socket, tls).await.map_err(|e| describe(&e))?;
         let now = Instant::now();
-        Ok(Conn {
+        let conn = Conn {
             client,
             task: tokio::spawn(async move { drop(connection.await) }),
             probe,
             prepared: Vec::new(),
             sent: now,
             answered: now,
-        })
+            server: index,
+        };
+        if self.target == TargetServerType::Primary {
+            // Dropped on a refusal: its socket is reset.
+            writable(&conn.client).await?;
+        }
+        Ok(conn)
     }
 
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
-    async fn socket(&self) -> Result<(Socket, Tls), String> {
-        let (socket, server) = match &self.host {
-            None => (UnixStream::connect(&self.peer).await.map(Either::Right), "localhost"),
-            Some(host) => (tcp(host, self.port).await, host.as_str()),
+    async fn socket(&self, server: &Server) -> Result<(Socket, Tls), String> {
+        let (socket, server) = match &server.host {
+            None => (UnixStream::connect(&server.peer).await.map(Either::Right), "localhost"),
+            Some(host) => (tcp(host, server.port).await, host.as_str()),
         };
         let socket = socket.map_err(|e| e.to_string())?;
         let Ok(tls) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
         Ok((socket, tls))
     }
 
-    /// Asks the server to stop the statement running on the connection of
-    /// `token`, over a connection of its own, on a thread of its own (the
+    /// Asks the server (the `server`th) to stop the statement running on the
+    /// connection of `token`, over a connection of its own, on a thread of its own (the
     /// caller has been answered, and a runtime runs only while a call
     /// drives it); bounded by the connect timeout. A statement that has
     /// not reached the server cannot be cancelled: the reset of its
     /// connection drops it instead. No thread, no cancel: the statement ends
     /// with the server's own limits, or when it sees its connection gone.
-    pub fn cancel_in_background(&self, token: CancelToken) {
+    pub fn cancel_in_background(&self, token: CancelToken, server: usize) {
+        let Some(server) = self.servers.get(server).cloned() else { return };
         let connector = self.clone();
         let _ = std::thread::Builder::new().name("phoenix_kit_agent_locks-cancel".into()).spawn(
             move || {
@@ -215,13 +263,40 @@ impl Connector {
                 let Ok(runtime) = runtime else { return };
                 runtime.block_on(async {
                     let cancel = async {
-                        let (socket, tls) = connector.socket().await.ok()?;
+                        let (socket, tls) = connector.socket(&server).await.ok()?;
                         token.cancel_query_raw(socket, tls).await.ok()
                     };
                     let _ = tokio::time::timeout(connector.timeout, cancel).await;
                 });
             },
         );
+    }
+}
+
+impl Server {
+    fn tcp((host, port): (String, u16)) -> Self {
+        let peer =
+            if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") };
+        Server { host: Some(host), port, peer }
+    }
+}
+
+/// Whether the server takes writes, asked as libpq's
+/// `target_session_attrs=read-write` and Postgrex's `target_server_type:
+/// :primary` ask it: `transaction_read_only` is `off` on a primary, `on` on
+/// a standby (hot standby) and on a server set read-only
+/// (`default_transaction_read_only`, as some failovers fence the old primary).
+async fn writable(client: &Client) -> Result<(), String> {
+    let answer = client.simple_query("SHOW transaction_read_only").await;
+    let messages = answer.map_err(|e| describe(&e))?;
+    let value = messages.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0),
+        _ => None,
+    });
+    match value {
+        Some("off") => Ok(()),
+        Some("on") => Err("read-only (transaction_read_only is on): not the primary".to_owned()),
+        other => Err(format!("SHOW transaction_read_only answered {other:?}")),
     }
 }
 

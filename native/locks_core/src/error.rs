@@ -113,6 +113,15 @@ impl Error {
             if sqlstate == SqlState::T_R_SERIALIZATION_FAILURE.code()
                 || sqlstate == SqlState::T_R_DEADLOCK_DETECTED.code())
     }
+
+    /// Whether the server refused a write because it is read-only
+    /// (`25006`): a standby, or a primary demoted or fenced by a failover.
+    /// The statement changed nothing; its connection's server can serve no
+    /// lock call any more.
+    pub(crate) fn is_read_only(&self) -> bool {
+        matches!(self, Error::Statement { sqlstate, .. }
+            if sqlstate == SqlState::READ_ONLY_SQL_TRANSACTION.code())
+    }
 }
 
 /// A FATAL or PANIC error ends the server's session: `57P01` (an

@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::job::{Answer, Job};
 use crate::row::{values, Value};
 use crate::schema::{self, Catalog, Tables};
-use crate::settings::{Prepare, Settings};
+use crate::settings::{Prepare, Settings, TargetServerType};
 use crate::sql::{self, Def, Statements};
 
 /// The one deadline of a call: its caller's start plus the longest it may
@@ -121,29 +121,42 @@ impl LockPool {
     /// runtime.
     pub fn run(&self, deadline: Deadline, job: &Job) -> Result<Answer> {
         let (def, params) = job.statement();
-        let mut pooled = self.checkout(deadline)?;
-        let Pooled { conn, runtime } = &mut pooled;
-        let answer = runtime.block_on(deadline.bound(async {
-            let text = self.statements(conn).await?.get(def)?;
-            loop {
-                match run(conn, self.settings.prepare, def, text, &params).await {
-                    Err(err) if err.is_retryable() => continue,
-                    answer => return answer,
+        loop {
+            let mut pooled = self.checkout(deadline)?;
+            let Pooled { conn, runtime } = &mut pooled;
+            let answer = runtime.block_on(deadline.bound(async {
+                let text = self.statements(conn).await?.get(def)?;
+                loop {
+                    match run(conn, self.settings.prepare, def, text, &params).await {
+                        Err(err) if err.is_retryable() => continue,
+                        answer => return answer,
+                    }
                 }
-            }
-        }));
-        // A `Timeout` is the deadline's (the statement's own failures are
-        // `Statement` or `Disconnected`): the statement may still be running.
-        match answer {
-            Err(err @ (Error::Disconnected(_) | Error::Timeout(_))) => {
-                self.discard(pooled, matches!(err, Error::Timeout(_)));
-                Err(err)
-            }
-            rows => {
-                self.checkin(pooled);
-                match rows {
-                    Err(err) if err.is_row_locked() => job.locked(),
-                    rows => job.answer(&rows?),
+            }));
+            // A `Timeout` is the deadline's (the statement's own failures are
+            // `Statement` or `Disconnected`): the statement may still be running.
+            match answer {
+                Err(err @ (Error::Disconnected(_) | Error::Timeout(_))) => {
+                    self.discard(pooled, matches!(err, Error::Timeout(_)));
+                    return Err(err);
+                }
+                // Its server is no longer the primary: none of its
+                // connections is kept. Under `Primary` the call tries the
+                // servers again (each login asks, so this one is passed
+                // over), as long as its deadline lasts; every round consumes
+                // a connection or opens one.
+                Err(err) if err.is_read_only() => {
+                    self.leave(pooled);
+                    if self.settings.target_server_type == TargetServerType::Any {
+                        return Err(err);
+                    }
+                }
+                rows => {
+                    self.checkin(pooled);
+                    return match rows {
+                        Err(err) if err.is_row_locked() => job.locked(),
+                        rows => job.answer(&rows?),
+                    };
                 }
             }
         }
@@ -203,7 +216,8 @@ impl LockPool {
     fn discard(&self, conn: Pooled, cancel: bool) {
         let sent = conn.conn.sent;
         if cancel {
-            self.connector.cancel_in_background(conn.conn.client.cancel_token());
+            let token = conn.conn.client.cancel_token();
+            self.connector.cancel_in_background(token, conn.conn.server);
         }
         let doubtful: Vec<Pooled> = {
             let mut conns = self.conns();
@@ -213,6 +227,23 @@ impl LockPool {
             doubtful
         };
         drop((conn, doubtful));
+    }
+
+    /// Takes a connection whose server refused a write (`25006`: a standby,
+    /// or a primary demoted or fenced) out of the pool, with the idle
+    /// connections to that server: none of them can serve a lock call.
+    /// Postgrex's `disconnect_on_error_codes: [:read_only_sql_transaction]`,
+    /// always on. Nothing is in flight on it: it is closed.
+    fn leave(&self, conn: Pooled) {
+        let server = conn.conn.server;
+        let same: Vec<Pooled> = {
+            let mut conns = self.conns();
+            let same: Vec<_> =
+                conns.idle.extract_if(.., |idle| idle.conn.server == server).collect();
+            conns.open -= 1 + same.len();
+            same
+        };
+        drop((conn, same));
     }
 
     /// The statements, built on the first call from what the catalog says
@@ -258,13 +289,15 @@ struct Pooled {
 }
 
 impl Pooled {
-    /// Opens a connection within `deadline`, on a new current-thread runtime.
+    /// Opens a connection within `deadline`, on a new current-thread
+    /// runtime; past it, a [`Error::Connect`] that names the servers not
+    /// tried (nothing was sent).
     fn open(connector: &Connector, deadline: Deadline) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .map_err(|e| Error::Connect(format!("cannot start a tokio runtime: {e}")))?;
-        let opened = runtime.block_on(deadline.bound(connector.open()));
+        let opened = runtime.block_on(connector.open(deadline.at));
         match opened {
             Ok(conn) => Ok(Pooled { conn, runtime }),
             Err(err) => {

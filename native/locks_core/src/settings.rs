@@ -33,6 +33,12 @@ pub struct Settings {
     /// 1 to 65535 (a `u32`: rustler decodes a `u16` by truncating one, so
     /// 70_000 would be 4_464); checked by [`Settings::port`].
     pub port: u32,
+    /// Every TCP server to try, in order, as `(host, port)`: Postgrex's
+    /// `endpoints:`, or a multi-host URL's; `hostname`/`port` are its first.
+    /// Empty: `hostname`:`port` alone. See [`Settings::servers`].
+    pub endpoints: Vec<(String, u32)>,
+    /// Which of the servers a connection may use.
+    pub target_server_type: TargetServerType,
     pub username: String,
     pub password: Option<String>,
     pub database: String,
@@ -56,16 +62,51 @@ pub struct Settings {
 impl Settings {
     /// The port, or a `Config` error outside 1 to 65535.
     pub fn port(&self) -> Result<u16> {
-        u16::try_from(self.port)
-            .ok()
-            .filter(|port| *port > 0)
-            .ok_or_else(|| Error::config("port", "must be an integer from 1 to 65535"))
+        port(self.port, "port")
+    }
+
+    /// The TCP servers, in the order they are tried: `endpoints`, or else
+    /// `hostname`:`port`; a `Config` error for a port outside 1 to 65535.
+    pub fn servers(&self) -> Result<Vec<(String, u16)>> {
+        if self.endpoints.is_empty() {
+            return Ok(vec![(self.hostname.clone().unwrap_or_default(), self.port()?)]);
+        }
+        let server =
+            |(host, number): &(String, u32)| Ok((host.clone(), port(*number, "endpoints")?));
+        self.endpoints.iter().map(server).collect()
     }
 
     /// The checkout timeout.
     pub fn checkout(&self) -> Duration {
         Duration::from_millis(self.checkout_timeout)
     }
+}
+
+fn port(number: u32, setting: &str) -> Result<u16> {
+    u16::try_from(number)
+        .ok()
+        .filter(|port| *port > 0)
+        .ok_or_else(|| Error::config(setting, "must be an integer from 1 to 65535"))
+}
+
+/// Which server a connection may stay on: Postgrex's `target_server_type`,
+/// but for `:secondary`, which `Config` refuses (lock calls write).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
+pub enum TargetServerType {
+    /// The first server that takes writes: each login asks `SHOW
+    /// transaction_read_only` (as libpq's `target_session_attrs=read-write`
+    /// and Postgrex do) and goes on to the next server when it is `on` (a
+    /// standby, or a server set read-only). A connection whose server
+    /// refuses a write later (`25006`: it was demoted or fenced) is closed,
+    /// with the idle ones to that server, and the call tries the servers
+    /// again within its deadline.
+    Primary,
+    /// The first server that takes the connection, not asked: for a name
+    /// or a proxy that follows the primary itself. A `25006` closes the
+    /// connection (and the idle ones to its server) and is the call's
+    /// answer; the next call connects anew.
+    Any,
 }
 
 /// How a connection uses TLS: libpq's `sslmode`, spelled as Elixir atoms.

@@ -28,7 +28,9 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
         connect_timeout: 5_000,
         checkout_timeout: 5_000,
         statement_timeout: 5_000,
-        prepare: :named
+        prepare: :named,
+        endpoints: [],
+        target_server_type: :primary
       },
       fields
     )
@@ -218,6 +220,84 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
     end
   end
 
+  describe "several servers (endpoints:, target_server_type:, a multi-host url)" do
+    test "a repo's endpoints: win over its hostname:/port:, as in Postgrex; the first is " <>
+           "hostname/port" do
+      repo =
+        FakeRepo.new(
+          hostname: "localhost",
+          port: 5432,
+          endpoints: [{"db-b", 5433}, {"db-a", 5432}],
+          target_server_type: :primary,
+          username: "app",
+          database: "app"
+        )
+
+      assert read!(repo: repo) ==
+               defaults(
+                 hostname: "db-b",
+                 port: 5433,
+                 endpoints: [{"db-b", 5433}, {"db-a", 5432}],
+                 username: "app",
+                 database: "app",
+                 sslmode: :disable
+               )
+    end
+
+    test "target_server_type is :primary unless set; :any is taken" do
+      repo = FakeRepo.new(endpoints: [{"db-a", 5432}], username: "app", database: "app")
+      assert %Config{target_server_type: :primary} = read!(repo: repo)
+      assert %Config{target_server_type: :any} = read!(repo: repo, target_server_type: :any)
+    end
+
+    test "a multi-host url lists its servers in order, each with its port or 5432; " <>
+           "target_session_attrs is the target_server_type" do
+      assert read!(
+               url:
+                 "postgres://u:pw@db-a:5433,[::1],db-c:6432/app?target_session_attrs=read-write"
+             ) ==
+               defaults(
+                 hostname: "db-a",
+                 port: 5433,
+                 endpoints: [{"db-a", 5433}, {"::1", 5432}, {"db-c", 6432}],
+                 username: "u",
+                 password: "pw",
+                 database: "app"
+               )
+
+      for {attrs, type} <- [{"primary", :primary}, {"any", :any}] do
+        assert %Config{target_server_type: ^type} =
+                 read!(url: "postgres://u@a,b/app?target_session_attrs=#{attrs}")
+      end
+    end
+
+    test "the library's own hostname: replaces a repo's endpoints:, its own endpoints: a " <>
+           "repo's hostname:" do
+      repo = FakeRepo.new(endpoints: [{"db-a", 5432}, {"db-b", 5432}], database: "app")
+
+      assert %Config{hostname: "bouncer", port: 5432, endpoints: []} =
+               read!(repo: repo, hostname: "bouncer", username: "u")
+
+      repo = FakeRepo.new(hostname: "db", database: "app")
+
+      assert %Config{hostname: "db-a", endpoints: [{"db-a", 5432}, {"db-b", 5433}]} =
+               read!(repo: repo, endpoints: [{"db-a", 5432}, {"db-b", 5433}], username: "u")
+    end
+
+    test ":secondary is refused, naming the fix; so are endpoints that are not {host, port}" do
+      assert refused(hostname: "db", database: "app", target_server_type: :secondary) ==
+               "invalid configuration: target_server_type: must be :primary (the default) or " <>
+                 ":any: lock calls write, which a secondary (a standby) refuses; give :primary, " <>
+                 "with every server the primary may be on, got: :secondary"
+
+      for endpoints <- [[], [{"db", 0}], [{"", 5432}], ["db:5432"], {"db", 5432}] do
+        assert refused(endpoints: endpoints, database: "app") ==
+                 "invalid configuration: endpoints: must be a list of {hostname, port} tuples, " <>
+                   ~s(e.g. [{"db-a", 5432}, {"db-b", 5432}], got: #{inspect(endpoints)})
+      end
+    end
+  end
+
   describe "PhoenixKit's repo (config :phoenix_kit, repo:)" do
     # Config.read/2's second argument is PhoenixKit's configuration, as
     # `config :phoenix_kit, repo: MyApp.Repo` makes it.
@@ -358,7 +438,7 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
     test "raises Locks.Error :config naming it and, as argument errors do, the value it got; never a password or a url" do
       for {env, message} <- [
             {[urll: "x"],
-             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare, :testing"},
+             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :endpoints, :target_server_type, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare, :testing"},
             {[url: ~c"postgres://u:s3cr3t@h/db"], "invalid configuration: url: must be a string"},
             {[password: 123_456], "invalid configuration: password: must be a string"},
             {[url: "postgres://h/db", port: "5432"],
@@ -418,7 +498,12 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
             {"host=h user=u password=s3cr3t", "must be a postgres:// or postgresql:// URL"},
             {"postgres://u:s3cr3t@h:port/db", "has a port that is not a number"},
             {"postgres://u:s3cr3t@h:70000/db", "must be an integer from 1 to 65535"},
-            {"postgres://u:s3cr3t@a:1,b:2/db", "names several hosts; give one"},
+            {"postgres://u:s3cr3t@a:1,:2/db", "has a server that is not host:port"},
+            {"postgres://u:s3cr3t@/db?host=a,b",
+             "names several hosts in host=; list them as postgres://a:5432,b:5433/db"},
+            {"postgres://u:s3cr3t@a:1,b:2/db?target_session_attrs=standby",
+             "must be :primary (the default) or :any: lock calls write, which a secondary " <>
+               "(a standby) refuses; give :primary, with every server the primary may be on"},
             {"postgres://u:s3cr3t%zz@h/db", "is not percent-encoded correctly"},
             {"postgres://u:s3cr3t@h/db?options=-c%20x%3Dy",
              "has an unsupported parameter \"options\""},

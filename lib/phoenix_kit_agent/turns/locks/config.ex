@@ -10,20 +10,39 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   @app :phoenix_kit_agent_locks
 
+  # The settings that name the server(s).
+  @servers [:hostname, :endpoints, :socket_dir]
+
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
   # The struct's fields, each a setting of the same name.
-  @fields ~w(hostname socket_dir port username password database sslmode ssl_ca_file
-             application_name prefix pool_size)a ++ @timeouts ++ [:prepare]
+  @fields ~w(hostname socket_dir port endpoints target_server_type username password database
+             sslmode ssl_ca_file application_name prefix pool_size)a ++ @timeouts ++ [:prepare]
   @settings [:repo, :url] ++ @fields ++ [:testing]
   # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif): allowed, ignored here.
   @build_settings [:build_from_source]
   # What the library takes from a repo's config/0 as it is.
-  @repo_settings ~w(hostname port username password database socket_dir prefix prepare)a
+  @repo_settings ~w(hostname port endpoints target_server_type username password database
+                    socket_dir prefix prepare)a
   @texts [:hostname, :username, :database, :ssl_ca_file, :application_name]
-  @defaults [port: 5432, sslmode: :prefer, application_name: "phoenix_kit_agent_locks"] ++
+  # endpoints: [] is hostname:port alone; :primary because lock calls write
+  # (Postgrex's default is :any).
+  @defaults [port: 5432, endpoints: [], target_server_type: :primary, sslmode: :prefer] ++
+              [application_name: "phoenix_kit_agent_locks"] ++
               Enum.map(@timeouts, &{&1, 5_000}) ++ [prepare: :named]
   @sslmodes [:disable, :prefer, :require, :verify_ca, :verify_full]
   @prepares [:named, :unnamed]
+  # A server that takes writes, or whichever takes the connection; Postgrex's
+  # :secondary is refused: a standby refuses every lock call but the reads.
+  @target_server_types [:primary, :any]
+  # libpq's target_session_attrs, as target_server_type.
+  @session_attrs %{
+    "read-write" => :primary,
+    "primary" => :primary,
+    "any" => :any,
+    "read-only" => :secondary,
+    "standby" => :secondary,
+    "prefer-standby" => :secondary
+  }
 
   @derive {Inspect, except: [:password]}
   defstruct @fields
@@ -80,7 +99,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # nothing here. It comes before DATABASE_URL, as a repo: of the library's does.
   defp repo(own, phoenix_kit) do
     cond do
-      own[:repo] || Enum.any?([:url, :hostname, :socket_dir], &own[&1]) -> own[:repo]
+      own[:repo] || Enum.any?([:url, :hostname, :endpoints, :socket_dir], &own[&1]) -> own[:repo]
       phoenix_kit[:repo] -> check!(:repo, phoenix_kit[:repo], "repo (config :phoenix_kit)")
       true -> nil
     end
@@ -105,16 +124,17 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     schedulers - 2
   end
 
-  # `top` over `base`: a host or socket directory in `top` replaces both of `base`'s.
+  # `top` over `base`: a host, endpoints or socket directory in `top` replaces all
+  # of `base`'s.
   defp over(top, base) do
-    base = if located?(top), do: Keyword.drop(base, [:hostname, :socket_dir]), else: base
+    base = if located?(top), do: Keyword.drop(base, @servers), else: base
     Keyword.merge(base, top)
   end
 
-  defp located?(connection), do: connection[:hostname] != nil or connection[:socket_dir] != nil
+  defp located?(connection), do: Enum.any?(@servers, &(connection[&1] != nil))
 
   defp build!(settings) do
-    settings = Keyword.merge(@defaults, settings)
+    settings = Keyword.merge(@defaults, settings) |> first_endpoint()
 
     username =
       settings[:username] || System.get_env("PGUSER") || System.get_env("USER") ||
@@ -137,6 +157,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     end
 
     struct!(__MODULE__, Keyword.merge(settings, username: username, pool_size: min(size, most)))
+  end
+
+  # As Postgrex: endpoints: wins over hostname:/port:, a socket directory over
+  # both. hostname/port become the first endpoint, which the struct keeps as
+  # hostname/port too (the native side reads endpoints, or them when it is []).
+  defp first_endpoint(settings) do
+    case {settings[:socket_dir], settings[:endpoints]} do
+      {nil, [{host, port} | _]} -> Keyword.merge(settings, hostname: host, port: port)
+      _ -> Keyword.put(settings, :endpoints, [])
+    end
   end
 
   ## Checks, one rule per setting, whatever its source
@@ -168,6 +198,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp normal(:sslmode, mode) when is_binary(mode),
     do: Enum.find(@sslmodes, mode, &(Atom.to_string(&1) == String.replace(mode, "-", "_")))
 
+  defp normal(:target_server_type, attrs) when is_binary(attrs),
+    do: Map.get(@session_attrs, attrs, attrs)
+
   defp normal(_key, value), do: value
 
   defp got(key, _value) when key in [:url, :password], do: ""
@@ -182,6 +215,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp rule(:sslmode, v), do: {v in @sslmodes, "must be one of #{names(@sslmodes)}"}
 
   defp rule(:prepare, v), do: {v in @prepares, "must be :named or :unnamed"}
+
+  defp rule(:endpoints, v),
+    do:
+      {is_list(v) and v != [] and Enum.all?(v, &endpoint?/1),
+       ~s(must be a list of {hostname, port} tuples, e.g. [{"db-a", 5432}, {"db-b", 5432}])}
+
+  defp rule(:target_server_type, v),
+    do:
+      {v in @target_server_types,
+       "must be :primary (the default) or :any: lock calls write, which a secondary " <>
+         "(a standby) refuses; give :primary, with every server the primary may be on"}
+
   # `testing: :sandbox` runs the statements through `repo`'s query/3 (Locks.Sandbox).
   defp rule(:testing, v), do: {v in [:disabled, :sandbox], "must be :sandbox or :disabled"}
   defp rule(:socket_dir, v), do: {match?("/" <> _, v), "must be an absolute directory"}
@@ -195,6 +240,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     do: {v in [nil, true, false] or is_list(v), "must be a boolean or a keyword list"}
 
   defp rule(:cacertfile, v), do: {v == nil or is_binary(v) or is_list(v), "must be a path"}
+
+  defp endpoint?({host, port}), do: text?(host) and host != "" and port in 1..65_535
+  defp endpoint?(_), do: false
 
   defp names(atoms), do: Enum.map_join(atoms, ", ", &inspect/1)
 
@@ -226,7 +274,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     "password" => :password,
     "dbname" => :database,
     "application_name" => :application_name,
-    "prepare" => :prepare
+    "prepare" => :prepare,
+    "target_session_attrs" => :target_server_type
   }
 
   # Errors name the source and the part, never the text.
@@ -239,15 +288,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     # The host and port follow the last @.
     [_, userinfo, hostport] = Regex.run(~r/\A(?:(.*)@)?(.*)\z/s, uri.authority)
 
-    if String.contains?(hostport, ","), do: bad!(name, "names several hosts; give one")
+    # libpq's multi-host URL: postgres://a:5432,b:5433/db.
+    servers = String.split(hostport, ",")
+    several? = length(servers) > 1
 
-    if uri.port == nil and String.contains?(String.replace(hostport, ~r/\A\[[^\]]*\]/, ""), ":"),
-      do: bad!(name, "has a port that is not a number")
+    if not several? and uri.port == nil and
+         String.contains?(String.replace(hostport, ~r/\A\[[^\]]*\]/, ""), ":"),
+       do: bad!(name, "has a port that is not a number")
 
     destructure([username, password], String.split(userinfo, ":", parts: 2))
     path = uri.path && String.trim_leading(uri.path, "/")
-    parts = [hostname: uri.host, username: username, password: password, database: path]
+    host = if not several?, do: uri.host
+    parts = [hostname: host, username: username, password: password, database: path]
     decoded = for {key, part} <- parts, part != nil, do: {key, decode!(part, name)}
+    location = if several?, do: [endpoints: endpoints!(servers, name)], else: [port: uri.port]
 
     parameters =
       for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
@@ -257,11 +311,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
         end
       end
 
-    [{:port, uri.port} | decoded]
+    (location ++ decoded)
     |> Keyword.merge(parameters)
     |> Enum.reject(fn {_key, value} -> value in [nil, ""] end)
     |> Enum.map(fn
       {:hostname, "/" <> _ = dir} -> {:socket_dir, dir}
+      {:hostname, hosts} -> {:hostname, one_host!(hosts, name)}
       {:port, text} when is_binary(text) -> {:port, with({p, ""} <- Integer.parse(text), do: p)}
       {:prepare, text} -> {:prepare, Enum.find(@prepares, &(Atom.to_string(&1) == text))}
       other -> other
@@ -270,6 +325,29 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   end
 
   defp decode!(part, name), do: URI.decode(percent!(part, name))
+
+  # libpq's multi-host URL, `postgres://a:5432,b:5433/db`: each server a host
+  # (an IPv6 address in brackets) and its port, the default port if none.
+  defp endpoints!(servers, name) do
+    for server <- servers do
+      case Regex.run(~r/\A(\[[^\]]*\]|[^:\[\]]+)(?::(\d+))?\z/, server) do
+        [_, host | port] ->
+          host = host |> String.trim_leading("[") |> String.trim_trailing("]")
+          port = if port == [], do: @defaults[:port], else: String.to_integer(hd(port))
+          {decode!(host, name), port}
+
+        nil ->
+          bad!(name, "has a server that is not host:port")
+      end
+    end
+  end
+
+  defp one_host!(hosts, name) do
+    if String.contains?(hosts, ","),
+      do: bad!(name, "names several hosts in host=; list them as postgres://a:5432,b:5433/db")
+
+    hosts
+  end
 
   # URI.decode/1 raises on a lone `%`, and its message shows the text.
   defp percent!(part, name) do

@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use locks_core::{Deadline, Prepare, Settings, SslMode};
+use locks_core::{Deadline, Prepare, Settings, SslMode, TargetServerType};
 
 /// Settings for `url`, with short timeouts and two connections.
 pub fn settings(url: &str) -> Settings {
@@ -20,6 +20,8 @@ pub fn settings(url: &str) -> Settings {
         hostname: Some(host.to_owned()),
         socket_dir: None,
         port: port.parse().expect("a port"),
+        endpoints: Vec::new(),
+        target_server_type: TargetServerType::Primary,
         username: username.to_owned(),
         password: Some(password.to_owned()),
         database: database.to_owned(),
