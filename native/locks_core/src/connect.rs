@@ -34,7 +34,6 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client};
-use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::either::Either;
 
 use crate::error::{describe, Error, Result};
@@ -58,7 +57,7 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// A TCP (`Left`) or Unix (`Right`) socket, as one type for tokio-postgres.
 pub(crate) type Socket = Either<TcpStream, UnixStream>;
 
-type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
+type Tls = <tls::MakeTls as MakeTlsConnect<Socket>>::TlsConnect;
 
 /// Opens connections for one pool.
 #[derive(Clone)]
@@ -69,7 +68,7 @@ pub(crate) struct Connector {
     /// The login: user, password, database, application name, and whether
     /// to ask for TLS (never over a Unix socket, where the server refuses it).
     login: tokio_postgres::Config,
-    tls: MakeRustlsConnect,
+    tls: tls::MakeTls,
     timeout: Duration,
     backoff: Arc<Mutex<Backoff>>,
     /// What connect errors name: `host:port` (`[::1]:5432` for an IPv6
@@ -135,7 +134,7 @@ impl Connector {
             host,
             port,
             login,
-            tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
+            tls: tls::connector(mode, settings)?,
             timeout: Duration::from_millis(settings.connect_timeout),
             backoff: Arc::default(),
             peer,
