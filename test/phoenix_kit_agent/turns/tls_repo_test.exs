@@ -30,7 +30,7 @@ defmodule PhoenixKitAgent.Turns.TlsRepoTest do
 
     %{
       port: port,
-      file: &Path.join(certs, &1),
+      path: &Path.join(certs, &1),
       ca: der.("ca.crt"),
       wrong: der.("wrong-ca.crt")
     }
@@ -103,7 +103,7 @@ defmodule PhoenixKitAgent.Turns.TlsRepoTest do
   defp verdict(other), do: other
 
   test "each form of the repo's ssl: gives Postgrex 0.21's verdict", ctx do
-    {ca, wrong, file} = {ctx.ca, ctx.wrong, ctx.file}
+    {ca, wrong, file} = {ctx.ca, ctx.wrong, ctx.path}
 
     for {host, tls, expected} <- [
           {"localhost", [ssl: [cacerts: [ca]]], :ok},
@@ -143,7 +143,7 @@ defmodule PhoenixKitAgent.Turns.TlsRepoTest do
   end
 
   test "ssl_opts: without verify: is verified (OTP 26's :ssl default; OTP 25's did not)", ctx do
-    config = repo(ctx, "localhost", ssl: true, ssl_opts: [cacertfile: ctx.file.("wrong-ca.crt")])
+    config = repo(ctx, "localhost", ssl: true, ssl_opts: [cacertfile: ctx.path.("wrong-ca.crt")])
     assert verdict(library(config)) == :refused
     otp_default = if :erlang.system_info(:otp_release) == ~c"25", do: :ok, else: :refused
     assert postgrex(config, ctx.port) == otp_default
@@ -151,14 +151,14 @@ defmodule PhoenixKitAgent.Turns.TlsRepoTest do
 
   test "a client certificate logs in the user that needs one: files or DER", ctx do
     user = [username: "locks_cert"]
-    ca = [cacertfile: ctx.file.("ca.crt")]
-    [{:Certificate, cert, _}] = pem(ctx.file.("client.crt"))
-    [{type, key, :not_encrypted}] = pem(ctx.file.("client.key"))
+    ca = [cacertfile: ctx.path.("ca.crt")]
+    [{:Certificate, cert, _}] = pem(ctx.path.("client.crt"))
+    [{type, key, :not_encrypted}] = pem(ctx.path.("client.key"))
 
     assert {:connect, message} = library(repo(ctx, "localhost", [ssl: ca], user))
     assert message =~ "connection requires a valid client certificate (28000)"
 
-    files = [certfile: ctx.file.("client.crt"), keyfile: ctx.file.("client.key")]
+    files = [certfile: ctx.path.("client.crt"), keyfile: ctx.path.("client.key")]
     assert library(repo(ctx, "localhost", [ssl: ca ++ files], user)) == :ok
 
     assert library(repo(ctx, "localhost", [ssl: ca ++ [cert: cert, key: {type, key}]], user)) ==
