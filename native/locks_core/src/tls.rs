@@ -56,15 +56,17 @@ pub(crate) fn wire(mode: SslMode) -> tokio_postgres::config::SslMode {
 pub(crate) fn connector(mode: SslMode, settings: &Settings) -> Result<MakeTls> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifying = matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull);
-    let chain = if verifying {
-        let roots = Arc::new(roots(settings)?);
-        Some(
-            WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
+    // CAs given are read in every mode that speaks TLS: one that cannot be
+    // used stops the start, even where `require` would not use it.
+    let given = settings.ssl_ca_file.is_some() || settings.ssl_cacerts.is_some();
+    let roots = (mode != SslMode::Disable && (verifying || given)).then(|| roots(settings));
+    let chain = match roots.transpose()? {
+        Some(roots) if verifying => Some(
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
                 .build()
                 .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?,
-        )
-    } else {
-        None
+        ),
+        _ => None,
     };
     let verifier =
         Verifier { provider: provider.clone(), chain, name: mode == SslMode::VerifyFull };
