@@ -20,11 +20,13 @@ defmodule PhoenixKitAgent.Turns.Locks.FakeRepo do
   """
   def new(config) do
     name = Module.concat(__MODULE__, "Repo#{System.unique_integer([:positive])}")
-    config = ecto_config(config)
+    # Kept aside, not in the module's code: a config may hold a function
+    # (an :ssl option's match_fun), which cannot be compiled into it.
+    :persistent_term.put({__MODULE__, name}, ecto_config(config))
 
     Module.create(
       name,
-      quote(do: def(config, do: unquote(Macro.escape(config)))),
+      quote(do: def(config, do: :persistent_term.get({unquote(__MODULE__), unquote(name)}))),
       Macro.Env.location(__ENV__)
     )
 

@@ -45,7 +45,6 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage};
-use tokio_postgres_rustls::MakeRustlsConnect;
 use tokio_util::either::Either;
 
 use crate::error::{describe, Error, Result};
@@ -69,7 +68,7 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// A TCP (`Left`) or Unix (`Right`) socket, as one type for tokio-postgres.
 pub(crate) type Socket = Either<TcpStream, UnixStream>;
 
-type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
+type Tls = <tls::MakeTls as MakeTlsConnect<Socket>>::TlsConnect;
 
 /// Opens connections for one pool.
 #[derive(Clone)]
@@ -81,7 +80,7 @@ pub(crate) struct Connector {
     /// The login: user, password, database, application name, and whether
     /// to ask for TLS (never over a Unix socket, where the server refuses it).
     login: tokio_postgres::Config,
-    tls: MakeRustlsConnect,
+    tls: tls::MakeTls,
     /// The longest one server's attempt may take.
     timeout: Duration,
     backoff: Arc<Mutex<Backoff>>,
@@ -158,7 +157,7 @@ impl Connector {
             servers,
             target: settings.target_server_type,
             login,
-            tls: tls::connector(mode, settings.ssl_ca_file.as_deref())?,
+            tls: tls::connector(mode, settings)?,
             timeout: Duration::from_millis(settings.connect_timeout),
             backoff: Arc::default(),
         })

@@ -33,5 +33,5 @@ pub use error::{Error, Result};
 pub use job::{Answer, Busy, HeldLock, Job, LockKind};
 pub use pool::{Deadline, LockPool};
 pub use row::Value;
-pub use settings::{Prepare, Settings, SslMode, TargetServerType};
+pub use settings::{Der, KeyFormat, Prepare, Settings, SslMode, TargetServerType};
 pub use sql::{fence, ROW_WAIT};

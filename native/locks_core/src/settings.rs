@@ -45,6 +45,22 @@ pub struct Settings {
     pub sslmode: SslMode,
     /// A PEM file of the CA certificates the verifying modes trust.
     pub ssl_ca_file: Option<String>,
+    /// The CA certificates the verifying modes trust, as DER, in place of
+    /// `ssl_ca_file`: a repo's `cacerts:`, or the OS store as OTP reads it
+    /// (`:public_key.cacerts_get()`, as Postgrex's `ssl: true` does).
+    pub ssl_cacerts: Option<Vec<Der>>,
+    /// A PEM file of the client certificate (and its chain), sent to a
+    /// server that asks for one (libpq's `sslcert`).
+    pub ssl_cert_file: Option<String>,
+    /// A PEM file of the client certificate's private key (libpq's `sslkey`).
+    pub ssl_key_file: Option<String>,
+    /// The client certificate and its chain as DER, in place of `ssl_cert_file`.
+    pub ssl_cert: Option<Vec<Der>>,
+    /// The client certificate's private key as DER, in place of `ssl_key_file`.
+    pub ssl_key: Option<(KeyFormat, Der)>,
+    /// The name sent as SNI and checked by `verify_full`, in place of the
+    /// host connected to (a repo's `server_name_indication:`).
+    pub ssl_server_name: Option<String>,
     pub application_name: String,
     /// A schema that qualifies both tables, or `None` for the `search_path`.
     pub prefix: Option<String>,
@@ -124,6 +140,29 @@ pub enum SslMode {
     VerifyCa,
     /// As `VerifyCa`, and the certificate must name the host connected to.
     VerifyFull,
+}
+
+/// A DER encoding (a certificate or a key), from an Elixir binary.
+#[derive(Clone)]
+pub struct Der(pub Vec<u8>);
+
+#[cfg(feature = "nif")]
+impl<'a> rustler::Decoder<'a> for Der {
+    fn decode(term: rustler::Term<'a>) -> rustler::NifResult<Self> {
+        Ok(Der(term.decode::<rustler::Binary<'a>>()?.as_slice().to_vec()))
+    }
+}
+
+/// How a private key given as DER is encoded: `:public_key`'s
+/// `RSAPrivateKey` (PKCS #1), `ECPrivateKey` (SEC 1) and `PrivateKeyInfo`
+/// (PKCS #8).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "nif", derive(rustler::NifUnitEnum))]
+#[allow(missing_docs)] // the variants: the encodings named above
+pub enum KeyFormat {
+    Pkcs1,
+    Sec1,
+    Pkcs8,
 }
 
 /// How statements are sent.

@@ -2,28 +2,42 @@
 //! spoken with rustls on the `ring` provider.
 //!
 //! tokio-postgres knows whether to ask for TLS and whether to give up
-//! without it ([`wire`]); what the certificate must prove is the business of
-//! the connector built here ([`connector`]). The CA file is read once, when
-//! the pool is built, so a missing or unreadable file stops the application
-//! from starting instead of failing every connection.
+//! without it ([`wire`]); what the certificate must prove, and what the
+//! client proves with a certificate of its own, is the business of the
+//! connector built here ([`connector`]). Every file and certificate is read
+//! once, when the pool is built, so a missing or unreadable one stops the
+//! application from starting instead of failing every connection.
+//!
+//! What to trust is always what the settings name: a PEM file
+//! (`ssl_ca_file`), or DER certificates (`ssl_cacerts`: a repo's
+//! `cacerts:`, or the OS store, which Elixir reads with
+//! `:public_key.cacerts_get()`, exactly as Postgrex does).
 //!
 //! As in libpq, `require` does not check the certificate: it guards against
 //! eavesdropping, not against a server that impersonates the database.
 
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::pki_types::{
+    CertificateDer, PrivateKeyDer, PrivatePkcs1KeyDer, PrivatePkcs8KeyDer, PrivateSec1KeyDer,
+    ServerName, UnixTime,
+};
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use crate::connect::Socket;
 use crate::error::{Error, Result};
-use crate::settings::SslMode;
+use crate::settings::{Der, KeyFormat, Settings, SslMode};
 
 /// What tokio-postgres is told: whether to ask for TLS and whether to give
 /// up without it. The verifying modes are `require` to it.
@@ -36,54 +50,172 @@ pub(crate) fn wire(mode: SslMode) -> tokio_postgres::config::SslMode {
     }
 }
 
-/// The connector for `mode`, trusting the certificates of `ca_file` (PEM).
-/// The verifying modes need one: there is no implicit system store, so what
-/// is trusted is always what the configuration names. With `disable` the
-/// file is not read (the connector is never used).
-pub(crate) fn connector(mode: SslMode, ca_file: Option<&str>) -> Result<MakeRustlsConnect> {
+/// The connector for `mode` and the TLS settings of `settings`. The
+/// verifying modes need CA certificates; with `disable` nothing is read
+/// (the connector is never used).
+pub(crate) fn connector(mode: SslMode, settings: &Settings) -> Result<MakeTls> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let roots = ca_file.filter(|_| mode != SslMode::Disable).map(load_roots).transpose()?;
-    let chain =
-        match (mode, roots) {
-            (SslMode::VerifyCa | SslMode::VerifyFull, Some(roots)) => Some(
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                    .build()
-                    .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?,
-            ),
-            (SslMode::VerifyCa | SslMode::VerifyFull, None) => return Err(Error::config(
-                "ssl_ca_file",
-                "required by the verifying sslmodes: a PEM file of the CA certificates to trust",
-            )),
-            (SslMode::Disable | SslMode::Prefer | SslMode::Require, _) => None,
-        };
+    let verifying = matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull);
+    // CAs given are read in every mode that speaks TLS: one that cannot be
+    // used stops the start, even where `require` would not use it.
+    let given = settings.ssl_ca_file.is_some() || settings.ssl_cacerts.is_some();
+    let roots = (mode != SslMode::Disable && (verifying || given)).then(|| roots(settings));
+    let chain = match roots.transpose()? {
+        Some(roots) if verifying => Some(
+            WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .map_err(|e| Error::config("ssl_ca_file", e.to_string()))?,
+        ),
+        _ => None,
+    };
     let verifier =
         Verifier { provider: provider.clone(), chain, name: mode == SslMode::VerifyFull };
     let client = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| Error::config("sslmode", e.to_string()))?
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth();
-    Ok(MakeRustlsConnect::new(client))
+        .with_custom_certificate_verifier(Arc::new(verifier));
+    let client = match (mode, client_certificate(settings)?) {
+        (SslMode::Disable, _) | (_, None) => client.with_no_client_auth(),
+        (_, Some((chain, key))) => client.with_client_auth_cert(chain, key).map_err(|e| {
+            Error::config("ssl_key_file", format!("does not go with the client certificate: {e}"))
+        })?,
+    };
+    Ok(MakeTls { inner: MakeRustlsConnect::new(client), name: settings.ssl_server_name.clone() })
 }
 
-/// Every certificate of a PEM file, as trust anchors. Each error names the
-/// file (quoted, as a setting's `got:` shows a value).
-fn load_roots(path: &str) -> Result<RootCertStore> {
-    let bad = |reason: String| Error::config("ssl_ca_file", reason);
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| bad(format!("cannot read {path:?}: {}", pem_cause(&e))))?;
+/// The trust anchors of the verifying modes: `ssl_cacerts` when given,
+/// else the PEM file `ssl_ca_file`.
+fn roots(settings: &Settings) -> Result<RootCertStore> {
     let mut roots = RootCertStore::empty();
-    for cert in certs {
-        let cert = cert.map_err(|e| bad(format!("{path:?} is not PEM: {}", pem_cause(&e))))?;
-        roots
-            .add(cert)
-            .map_err(|e| bad(format!("{path:?} holds a certificate that cannot be used: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(bad(format!("{path:?} holds no PEM certificate")));
+    match (&settings.ssl_cacerts, &settings.ssl_ca_file) {
+        (Some(ders), _) => {
+            for (n, Der(der)) in ders.iter().enumerate() {
+                roots.add(CertificateDer::from(der.as_slice())).map_err(|e| {
+                    Error::config(
+                        "ssl_cacerts",
+                        format!("certificate {} cannot be used: {e}", n + 1),
+                    )
+                })?;
+            }
+            if roots.is_empty() {
+                return Err(Error::config("ssl_cacerts", "holds no certificate"));
+            }
+        }
+        (None, Some(path)) => {
+            let bad = |reason: String| Error::config("ssl_ca_file", reason);
+            for cert in pem_certificates(path, "ssl_ca_file")? {
+                roots.add(cert).map_err(|e| {
+                    bad(format!("{path:?} holds a certificate that cannot be used: {e}"))
+                })?;
+            }
+        }
+        (None, None) => {
+            return Err(Error::config(
+                "ssl_ca_file",
+                "required by the verifying sslmodes: a PEM file of the CA certificates to trust \
+                 (\"system\" for the OS store)",
+            ))
+        }
     }
     Ok(roots)
+}
+
+/// The client certificate's chain and key, when one is set: DER
+/// (`ssl_cert`, `ssl_key`) or PEM files (`ssl_cert_file`, `ssl_key_file`).
+fn client_certificate(
+    settings: &Settings,
+) -> Result<Option<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>)>> {
+    let chain = match (&settings.ssl_cert, &settings.ssl_cert_file) {
+        (Some(ders), _) => Some(ders.iter().map(|Der(der)| der.clone().into()).collect()),
+        (None, Some(path)) => Some(pem_certificates(path, "ssl_cert_file")?),
+        (None, None) => None,
+    };
+    let key = match (&settings.ssl_key, &settings.ssl_key_file) {
+        (Some((format, Der(der))), _) => Some(match format {
+            KeyFormat::Pkcs1 => PrivateKeyDer::from(PrivatePkcs1KeyDer::from(der.clone())),
+            KeyFormat::Sec1 => PrivateKeyDer::from(PrivateSec1KeyDer::from(der.clone())),
+            KeyFormat::Pkcs8 => PrivateKeyDer::from(PrivatePkcs8KeyDer::from(der.clone())),
+        }),
+        (None, Some(path)) => Some(PrivateKeyDer::from_pem_file(path).map_err(|e| {
+            Error::config("ssl_key_file", format!("no private key in {path:?}: {}", pem_cause(&e)))
+        })?),
+        (None, None) => None,
+    };
+    match (chain, key) {
+        (Some(chain), Some(key)) => Ok(Some((chain, key))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(Error::config("ssl_key_file", "required with ssl_cert_file")),
+        (None, Some(_)) => Err(Error::config("ssl_cert_file", "required with ssl_key_file")),
+    }
+}
+
+/// Every certificate of a PEM file, at least one. Each error names the file
+/// (quoted, as a setting's `got:` shows a value) and the setting.
+fn pem_certificates(path: &str, setting: &str) -> Result<Vec<CertificateDer<'static>>> {
+    let bad = |reason: String| Error::config(setting, reason);
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| bad(format!("cannot read {path:?}: {}", pem_cause(&e))))?
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| bad(format!("{path:?} is not PEM: {}", pem_cause(&e))))?;
+    if certs.is_empty() {
+        return Err(bad(format!("{path:?} holds no PEM certificate")));
+    }
+    Ok(certs)
+}
+
+/// The connector of a pool: rustls', naming the server `ssl_server_name`
+/// when set (a repo's `server_name_indication:`: the name sent as SNI and the
+/// one the certificate must carry), else the host connected to.
+#[derive(Clone)]
+pub(crate) struct MakeTls {
+    inner: MakeRustlsConnect,
+    name: Option<String>,
+}
+
+impl MakeTlsConnect<Socket> for MakeTls {
+    type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
+    type TlsConnect = Handshake<<MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect>;
+    type Error = std::convert::Infallible;
+
+    fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
+        let name = self.name.as_deref().unwrap_or(host);
+        let Ok(connect) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner, name);
+        Ok(Handshake(connect))
+    }
+}
+
+/// rustls' handshake, whose refusal of a certificate says how to trust it
+/// or, to keep what an older Postgrex did, not to check it ([`HINT`]).
+pub(crate) struct Handshake<T>(T);
+
+/// Appended to a refused certificate's error.
+pub(crate) const HINT: &str = "(checked as Postgrex 0.18 and later check it: name its CA with \
+    the repo's cacerts:/cacertfile: or ssl_ca_file; verify: :verify_none in the repo's ssl \
+    options, or sslmode: :require, connects without checking it, as older Postgrex did)";
+
+impl<S, T> TlsConnect<S> for Handshake<T>
+where
+    T: TlsConnect<S, Error = io::Error>,
+    T::Future: Send + 'static,
+{
+    type Stream = T::Stream;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<T::Stream>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        let handshake = self.0.connect(stream);
+        Box::pin(async move {
+            handshake.await.map_err(|err| {
+                match err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
+                    Some(refused @ rustls::Error::InvalidCertificate(_)) => {
+                        io::Error::new(err.kind(), format!("{refused} {HINT}"))
+                    }
+                    _ => err,
+                }
+            })
+        })
+    }
 }
 
 fn pem_cause(err: &rustls::pki_types::pem::Error) -> String {
@@ -154,7 +286,32 @@ mod tests {
     use super::*;
 
     fn refusal(mode: SslMode, ca_file: Option<&str>) -> Option<String> {
-        connector(mode, ca_file).err().map(|e| e.to_string())
+        let settings = Settings {
+            hostname: Some("localhost".to_owned()),
+            socket_dir: None,
+            port: 5432,
+            endpoints: Vec::new(),
+            target_server_type: crate::TargetServerType::Primary,
+            username: "u".to_owned(),
+            password: None,
+            database: "d".to_owned(),
+            sslmode: mode,
+            ssl_ca_file: ca_file.map(str::to_owned),
+            ssl_cacerts: None,
+            ssl_cert_file: None,
+            ssl_key_file: None,
+            ssl_cert: None,
+            ssl_key: None,
+            ssl_server_name: None,
+            application_name: "a".to_owned(),
+            prefix: None,
+            pool_size: 1,
+            connect_timeout: 1,
+            checkout_timeout: 1,
+            statement_timeout: 1,
+            prepare: crate::Prepare::Named,
+        };
+        connector(mode, &settings).err().map(|e| e.to_string())
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!
 //! The server certificate is for `localhost` only: reached as `127.0.0.1`,
 //! the same server shows what `verify_full` checks that `verify_ca` does not.
+//! The role `locks_cert` logs in with a client certificate alone
+//! (`hostssl … cert`: its CN, signed by the same CA, is the user).
 
 mod common;
 
@@ -19,7 +21,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use locks_core::{Answer, Error, Job, LockPool, Settings, SslMode, TurnRef, Uuid};
+use locks_core::{Answer, Der, Error, Job, KeyFormat, LockPool, Settings, SslMode, TurnRef, Uuid};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 /// The cluster's URL (no TLS parameters) and the certificates' directory.
 struct Cluster {
@@ -85,7 +89,9 @@ fn pg_bin() -> PathBuf {
     versions.pop().expect("a PostgreSQL server version")
 }
 
-/// Makes a CA, a server certificate it signs (for `localhost` only) and an unrelated CA, in `dir`.
+/// Makes a CA, a server certificate it signs (for `localhost` only), a
+/// client certificate it signs (for the user `locks_cert`) and an unrelated
+/// CA, in `dir`.
 fn make_certificates(dir: &Path) {
     fs::create_dir_all(dir).expect("certificate directory");
     let openssl = |args: &[&str]| run(Command::new("openssl").current_dir(dir).args(args));
@@ -109,6 +115,29 @@ fn make_certificates(dir: &Path) {
          keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
     )
     .expect("extension file");
+    let mut args = vec!["req", "-subj", "/CN=locks_cert"];
+    args.extend(ec);
+    args.extend(["-keyout", "client.key", "-out", "client.csr"]);
+    openssl(&args);
+    fs::write(dir.join("client.ext"), "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n")
+        .expect("extension file");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-extfile",
+        "client.ext",
+        "-out",
+        "client.crt",
+    ]);
     openssl(&[
         "x509",
         "-req",
@@ -148,7 +177,8 @@ fn cluster() -> &'static Cluster {
         let dir = fs::canonicalize(&dir).expect("the cluster's directory");
         let certs = dir.join("tls");
         let data = dir.join("data");
-        if !certs.join("ready").exists() {
+        // "ready-2": made with the client certificate and its user.
+        if !certs.join("ready-2").exists() {
             make_certificates(&certs);
             if is_root() {
                 run(Command::new("chown").args(["-R", "postgres:postgres"]).arg(&certs));
@@ -161,20 +191,26 @@ fn cluster() -> &'static Cluster {
             let marker = "# TLS, for native/locks_core/tests/tls.rs";
             let mut text = text.split(marker).next().unwrap_or_default().to_owned();
             text.push_str(&format!(
-                "{marker}\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n",
+                "{marker}\nssl = on\nssl_cert_file = '{}'\nssl_key_file = '{}'\n\
+                 ssl_ca_file = '{}'\n",
                 certs.join("server.crt").display(),
-                certs.join("server.key").display()
+                certs.join("server.key").display(),
+                certs.join("ca.crt").display()
             ));
             fs::write(&conf, text).expect("postgresql.conf is writable");
             // Refuse every TCP connection without TLS: a call that succeeds
             // below went over TLS.
             let hba = data.join("pg_hba.conf");
             let text = fs::read_to_string(&hba).expect("pg_hba.conf");
-            if !text.starts_with("hostnossl") {
+            // locks_cert logs in with its certificate alone.
+            if !text.contains("locks_cert") {
                 fs::write(
                     &hba,
                     format!(
-                        "hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n{text}"
+                        "hostnossl all all 0.0.0.0/0 reject\nhostnossl all all ::/0 reject\n\
+                         hostssl all locks_cert 127.0.0.1/32 cert\n{}",
+                        text.replace("hostnossl all all 0.0.0.0/0 reject\n", "")
+                            .replace("hostnossl all all ::/0 reject\n", "")
                     ),
                 )
                 .expect("pg_hba.conf is writable");
@@ -189,7 +225,20 @@ fn cluster() -> &'static Cluster {
                 .arg("-l")
                 .arg(dir.join("server.log"))
                 .args(["-w", "-t", "60", "restart"]));
-            fs::write(certs.join("ready"), "").expect("marker");
+            // A member of locks, so that it reads the tables locks owns.
+            run(as_pg(&pg_bin().join("psql").display().to_string())
+                .current_dir("/")
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "locks"])
+                .arg("-h")
+                .arg(dir.join("sock"))
+                .arg("-p")
+                .arg(fs::read_to_string(dir.join("port")).expect("port").trim())
+                .arg("-c")
+                .arg(
+                    "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'locks_cert') \
+                     THEN CREATE ROLE locks_cert LOGIN IN ROLE locks; END IF; END $$",
+                ));
+            fs::write(certs.join("ready-2"), "").expect("marker");
             url = start();
         }
         // The tables, once: `held` reads both.
@@ -260,14 +309,7 @@ fn a_wrong_ca_fails_naming_the_certificate() {
         let port = settings.port;
         let err = call(settings).expect_err("an unknown issuer");
         assert!(matches!(err, Error::Connect(_)), "{err:?}");
-        assert_eq!(
-            err.to_string(),
-            format!(
-                "database connection failed: localhost:{port}: error performing TLS handshake: \
-                 invalid peer certificate: UnknownIssuer"
-            ),
-            "{mode:?}"
-        );
+        assert_eq!(err.to_string(), refused("localhost", port, "UnknownIssuer"), "{mode:?}");
     }
 }
 
@@ -280,13 +322,106 @@ fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     let err = call(full).expect_err("a certificate for another name").to_string();
     assert_eq!(
         err,
-        format!(
-            "database connection failed: 127.0.0.1:{port}: error performing TLS handshake: \
-             invalid peer certificate: certificate not valid for name \"127.0.0.1\"; \
-             certificate is only valid for DnsName(\"localhost\")"
+        refused(
+            "127.0.0.1",
+            port,
+            "certificate not valid for name \"127.0.0.1\"; certificate is only valid for \
+             DnsName(\"localhost\")"
         )
     );
 
     let ca_only = at_host(with(&cluster.url, SslMode::VerifyCa, Some(cluster.ca())), "127.0.0.1");
     assert_eq!(call(ca_only).ok(), Some(false));
+}
+
+/// A PEM file of the certificates' directory, as DER.
+fn der(cluster: &Cluster, file: &str) -> Der {
+    let pem = cluster.certs.join(file);
+    let cert = CertificateDer::from_pem_file(&pem).unwrap_or_else(|e| panic!("{pem:?}: {e}"));
+    Der(cert.to_vec())
+}
+
+/// The refusal of a certificate, as every verifying mode words it.
+fn refused(host: &str, port: u32, why: &str) -> String {
+    format!(
+        "database connection failed: {host}:{port}: error performing TLS handshake: \
+         invalid peer certificate: {why} (checked as Postgrex 0.18 and later check it: name its \
+         CA with the repo's cacerts:/cacertfile: or ssl_ca_file; verify: :verify_none in the \
+         repo's ssl options, or sslmode: :require, connects without checking it, as older \
+         Postgrex did)"
+    )
+}
+
+#[test]
+fn der_certificates_are_trusted_as_the_ca_file_is() {
+    let cluster = cluster();
+    let settings = |ca: &str| Settings {
+        ssl_cacerts: Some(vec![der(cluster, ca)]),
+        ..at_host(with(&cluster.url, SslMode::VerifyFull, None), "localhost")
+    };
+    assert_eq!(call(settings("ca.crt")).ok(), Some(false));
+    let wrong = settings("wrong-ca.crt");
+    let port = wrong.port;
+    let err = call(wrong).expect_err("an unknown issuer").to_string();
+    assert_eq!(err, refused("localhost", port, "UnknownIssuer"));
+}
+
+#[test]
+fn the_server_name_is_the_name_checked_whatever_the_host() {
+    let cluster = cluster();
+    let named = |name: &str| Settings {
+        ssl_server_name: Some(name.to_owned()),
+        ..at_host(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())), "127.0.0.1")
+    };
+    assert_eq!(call(named("localhost")).ok(), Some(false));
+    let other = named("db.example");
+    let port = other.port;
+    assert_eq!(
+        call(other).expect_err("another name").to_string(),
+        refused(
+            "127.0.0.1",
+            port,
+            "certificate not valid for name \"db.example\"; certificate is only valid for \
+             DnsName(\"localhost\")"
+        )
+    );
+}
+
+#[test]
+fn a_client_certificate_logs_in_the_user_that_needs_one() {
+    let cluster = cluster();
+    let user = |settings: Settings| Settings {
+        username: "locks_cert".to_owned(),
+        password: None,
+        ..at_host(settings, "localhost")
+    };
+    let bare = user(with(&cluster.url, SslMode::VerifyFull, Some(cluster.ca())));
+    let port = bare.port;
+    assert_eq!(
+        call(bare.clone()).expect_err("no certificate").to_string(),
+        format!(
+            "database connection failed: localhost:{port}: connection requires a valid client \
+             certificate (28000)"
+        )
+    );
+
+    let files = Settings {
+        ssl_cert_file: Some(cluster.certs.join("client.crt").display().to_string()),
+        ssl_key_file: Some(cluster.certs.join("client.key").display().to_string()),
+        ..bare.clone()
+    };
+    assert_eq!(call(files).ok(), Some(false));
+
+    let key = PrivateKeyDer::from_pem_file(cluster.certs.join("client.key")).expect("the key");
+    let format = match &key {
+        PrivateKeyDer::Pkcs1(_) => KeyFormat::Pkcs1,
+        PrivateKeyDer::Sec1(_) => KeyFormat::Sec1,
+        _ => KeyFormat::Pkcs8,
+    };
+    let ders = Settings {
+        ssl_cert: Some(vec![der(cluster, "client.crt")]),
+        ssl_key: Some((format, Der(key.secret_der().to_vec()))),
+        ..bare
+    };
+    assert_eq!(call(ders).ok(), Some(false));
 }

@@ -138,7 +138,9 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
                  username: "app",
                  password: "pw",
                  database: "app_prod",
-                 sslmode: :require,
+                 # Postgrex's ssl: true: verified against the OS store.
+                 sslmode: :verify_full,
+                 ssl_cacerts: for({:cert, der, _} <- :public_key.cacerts_get(), do: der),
                  prefix: "phoenix_kit",
                  prepare: :unnamed
                )
@@ -361,40 +363,180 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
     end
   end
 
-  describe "TLS from the repo's ssl: and ssl_opts:" do
+  describe "TLS from the repo's ssl: and ssl_opts:, with Postgrex 0.21's meaning" do
     defp tls(config) do
-      %Config{sslmode: mode, ssl_ca_file: file} =
-        read!(repo: FakeRepo.new([hostname: "db", username: "u", database: "d"] ++ config))
+      config = read!(repo: FakeRepo.new([hostname: "db", username: "u", database: "d"] ++ config))
 
-      {mode, file}
+      Map.take(
+        config,
+        [:sslmode, :ssl_ca_file, :ssl_cacerts, :ssl_cert_file, :ssl_key_file] ++
+          [:ssl_cert, :ssl_key, :ssl_server_name]
+      )
+      |> Enum.reject(fn {_key, value} -> value == nil end)
+      |> Enum.sort()
     end
+
+    defp tls_refused(config),
+      do: refused(repo: FakeRepo.new([hostname: "db", username: "u", database: "d"] ++ config))
+
+    # The OS store as OTP reads it, DER; one certificate of it; an EC key.
+    defp os_store, do: for({:cert, der, _} <- :public_key.cacerts_get(), do: der)
+    defp a_der, do: hd(os_store())
+
+    defp ec_key do
+      key = :public_key.generate_key({:namedCurve, :secp256r1})
+      :public_key.der_encode(:ECPrivateKey, key)
+    end
+
+    defp https, do: [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]
 
     test "off (Postgrex's default) is sslmode disable" do
-      assert tls([]) == {:disable, nil}
-      assert tls(ssl: false) == {:disable, nil}
+      assert tls([]) == [sslmode: :disable]
+      assert tls(ssl: false) == [sslmode: :disable]
+      assert tls(ssl: false, ssl_opts: [verify: :verify_none]) == [sslmode: :disable]
     end
 
-    test "on without verify_peer is require: encrypted, not verified" do
-      assert tls(ssl: true) == {:require, nil}
-
-      assert tls(ssl: true, ssl_opts: [verify: :verify_none, cacertfile: "/ca.pem"]) ==
-               {:require, "/ca.pem"}
+    test "ssl: true verifies chain and host name against the OS store" do
+      assert tls(ssl: true) == [ssl_cacerts: os_store(), sslmode: :verify_full]
     end
 
-    test "verify_peer is verify_full with the cacertfile, in ssl_opts or in ssl itself" do
-      assert tls(ssl: true, ssl_opts: [verify: :verify_peer, cacertfile: ~c"/ca.pem"]) ==
-               {:verify_full, "/ca.pem"}
+    test "a keyword list verifies with the CA it gives: DER, cacerts_get/0's records, or a file" do
+      assert tls(ssl: [cacerts: [a_der()]]) == [ssl_cacerts: [a_der()], sslmode: :verify_full]
 
-      assert tls(ssl: [verify: :verify_peer, cacertfile: "/ca.pem"]) == {:verify_full, "/ca.pem"}
+      assert tls(ssl: [cacerts: :public_key.cacerts_get(), customize_hostname_check: https()]) ==
+               [ssl_cacerts: os_store(), sslmode: :verify_full]
+
+      assert tls(ssl: [verify: :verify_peer, cacertfile: ~c"/ca.pem"]) ==
+               [ssl_ca_file: "/ca.pem", sslmode: :verify_full]
+
+      # cacerts: wins over cacertfile:, as in :ssl.
+      assert tls(ssl: [cacertfile: "/ca.pem", cacerts: [a_der()]]) ==
+               [ssl_cacerts: [a_der()], sslmode: :verify_full]
     end
 
-    test "the library's sslmode and ssl_ca_file override the repo's" do
-      assert %Config{sslmode: :verify_ca, ssl_ca_file: "/mine.pem"} =
+    test "server_name_indication names the host checked; :disable checks none (verify_ca)" do
+      assert tls(ssl: [cacertfile: "/ca.pem", server_name_indication: ~c"db.example"]) ==
+               [ssl_ca_file: "/ca.pem", ssl_server_name: "db.example", sslmode: :verify_full]
+
+      assert tls(ssl: [cacertfile: "/ca.pem", server_name_indication: :disable]) ==
+               [ssl_ca_file: "/ca.pem", sslmode: :verify_ca]
+    end
+
+    test "verify: :verify_none is require: encrypted, not verified; a client certificate stays" do
+      assert tls(ssl: [verify: :verify_none]) == [sslmode: :require]
+
+      assert tls(ssl: [verify: :verify_none, cacertfile: "/ca.pem", certfile: "/c.pem"]) ==
+               [ssl_cert_file: "/c.pem", ssl_key_file: "/c.pem", sslmode: :require]
+    end
+
+    test "ssl: true with ssl_opts: (older Postgrex) takes the list as it is, verifying" do
+      assert tls(ssl: true, ssl_opts: [cacertfile: "/ca.pem"]) ==
+               [ssl_ca_file: "/ca.pem", sslmode: :verify_full]
+
+      assert tls(ssl: true, ssl_opts: [verify: :verify_none]) == [sslmode: :require]
+    end
+
+    test "client certificates: files (a certfile alone holds the key too) or DER" do
+      assert tls(ssl: [cacertfile: "/ca.pem", certfile: "/c.pem", keyfile: ~c"/k.pem"]) ==
+               [ssl_ca_file: "/ca.pem", ssl_cert_file: "/c.pem", ssl_key_file: "/k.pem"] ++
+                 [sslmode: :verify_full]
+
+      key = ec_key()
+
+      assert tls(ssl: [cacertfile: "/ca.pem", cert: a_der(), key: {:ECPrivateKey, key}]) ==
+               [ssl_ca_file: "/ca.pem", ssl_cert: [a_der()], ssl_key: {:sec1, key}] ++
+                 [sslmode: :verify_full]
+    end
+
+    test "what cannot be honoured stops the start, naming the option, where it came from " <>
+           "and what to write" do
+      for {config, message} <- [
+            {[
+               ssl: [
+                 cacertfile: "/ca.pem",
+                 verify_fun: {fn _, _, state -> {:valid, state} end, []}
+               ]
+             ],
+             "config()[:ssl][:verify_fun]: the library cannot run an Erlang verify function: it checks the chain and the host name as verify: :verify_peer does; give the CA with cacerts: or cacertfile: instead (or verify: :verify_none not to check)"},
+            {[ssl: true, ssl_opts: [cacertfile: "/ca.pem", versions: [:"tlsv1.2"]]],
+             "config()[:ssl_opts][:versions]: an :ssl option the library does not honour (it speaks TLS with rustls): remove it; the options it reads are :verify, :cacerts, :cacertfile, :certfile, :keyfile, :cert, :key, :server_name_indication, :customize_hostname_check"},
+            {[ssl: [cacertfile: "/ca.pem", keyfile: "/k.pem", password: ~c"s3cr3t"]],
+             "config()[:ssl][:password]: encrypted keys cannot be read: give keyfile: an unencrypted PEM key, or key: as DER"},
+            {[ssl: []],
+             "config()[:ssl]: verify: :verify_peer (Postgrex's default) needs the CA certificates to trust, and Postgrex connects with none: write cacerts: :public_key.cacerts_get() (the OS store, for managed PostgreSQL), cacertfile: \"ca.pem\" or cacerts: [der], or verify: :verify_none to connect without checking the certificate (what ssl: true did before Postgrex 0.18, and ssl_opts: on OTP 25)"},
+            {[ssl: true, ssl_opts: [server_name_indication: ~c"db"]],
+             "config()[:ssl_opts]: verify: :verify_peer (Postgrex's default) needs the CA"},
+            {[ssl: [cacerts: ["not a certificate"]]],
+             "config()[:ssl][:cacerts]: certificate 1 of 1 is not a DER certificate"},
+            {[ssl: [cacerts: [a_der(), :x]]],
+             "config()[:ssl][:cacerts]: must hold DER certificates, got: :x at 2"},
+            {[ssl: [cacertfile: "/ca.pem", certfile: "/c.pem", key: {:ECPrivateKey, "s3cr3t"}]],
+             "config()[:ssl][:key]: is not a ECPrivateKey DER encoding"},
+            {[ssl: [cacertfile: "/ca.pem", certfile: "/c.pem", key: {:DSAPrivateKey, "s3cr3t"}]],
+             "config()[:ssl][:key]: must be {type, der} with type :ECPrivateKey, :PrivateKeyInfo, :RSAPrivateKey (an engine key cannot be read): give keyfile: a PEM key instead"},
+            {[ssl: [cacertfile: "/ca.pem", customize_hostname_check: [match_fun: &Kernel.==/2]]],
+             "config()[:ssl][:customize_hostname_check]: the library checks host names as :public_key.pkix_verify_hostname_match_fun(:https) does (Postgrex's default): remove it, or write [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]"},
+            {[ssl: [verify: :verify_nothing]],
+             "config()[:ssl][:verify]: must be :verify_peer or :verify_none, got: :verify_nothing"},
+            {[ssl: [cacertfile: 5]], "config()[:ssl][:cacertfile]: must be a path, got: 5"},
+            {[ssl: [:verify_none]], "config()[:ssl]: must be a keyword list, got: [:verify_none]"}
+          ] do
+        message_given = tls_refused(config)
+
+        assert message_given =~
+                 ~r/\Ainvalid configuration: PhoenixKitAgent\.Turns\.Locks\.FakeRepo\.Repo\d+\./
+
+        assert String.contains?(message_given, message), "#{message_given}\nlacks\n#{message}"
+        refute message_given =~ "s3cr3t"
+      end
+    end
+
+    test "the library's own settings override the repo's, a file its DER too" do
+      assert %Config{sslmode: :verify_ca, ssl_ca_file: "/mine.pem", ssl_cacerts: nil} =
                read!(
                  repo: FakeRepo.new(hostname: "db", username: "u", database: "d", ssl: true),
                  sslmode: :verify_ca,
                  ssl_ca_file: "/mine.pem"
                )
+
+      assert %Config{sslmode: :require, ssl_cert_file: "/c.pem", ssl_key_file: "/k.pem"} =
+               read!(
+                 repo:
+                   FakeRepo.new(
+                     hostname: "db",
+                     username: "u",
+                     database: "d",
+                     ssl: [verify: :verify_none, cert: a_der(), key: {:ECPrivateKey, ec_key()}]
+                   ),
+                 ssl_cert_file: "/c.pem",
+                 ssl_key_file: "/k.pem"
+               )
+    end
+  end
+
+  describe "TLS in the library's own settings and URLs" do
+    test "sslcert and sslkey are the client certificate, as in libpq" do
+      assert %Config{ssl_cert_file: "/c.pem", ssl_key_file: "/k.pem"} =
+               read!(url: "postgres://u@h/db?sslmode=verify-full&sslcert=/c.pem&sslkey=%2Fk.pem")
+
+      assert %Config{ssl_cert_file: "/c.pem", ssl_key_file: "/k.pem"} =
+               read!(url: "postgres://u@h/db", ssl_cert_file: "/c.pem", ssl_key_file: "/k.pem")
+    end
+
+    test "ssl_ca_file \"system\" (sslrootcert=system) is the OS store, and verify_full" do
+      os_store = for {:cert, der, _} <- :public_key.cacerts_get(), do: der
+
+      for env <- [
+            [url: "postgres://u@h/db?sslrootcert=system"],
+            [url: "postgres://u@h/db", ssl_ca_file: "system", sslmode: :verify_full]
+          ] do
+        assert %Config{sslmode: :verify_full, ssl_ca_file: nil, ssl_cacerts: ^os_store} =
+                 read!(env)
+      end
+
+      assert refused(url: "postgres://u@h/db?sslrootcert=system&sslmode=verify-ca") ==
+               "invalid configuration: sslmode: must be :verify_full with ssl_ca_file \"system\" " <>
+                 "(the OS store, as libpq's sslrootcert=system), got: :verify_ca"
     end
   end
 
@@ -438,7 +580,7 @@ defmodule PhoenixKitAgent.Turns.ConfigTest do
     test "raises Locks.Error :config naming it and, as argument errors do, the value it got; never a password or a url" do
       for {env, message} <- [
             {[urll: "x"],
-             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :endpoints, :target_server_type, :username, :password, :database, :sslmode, :ssl_ca_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare, :testing"},
+             "invalid configuration: unknown setting :urll; the settings are :repo, :url, :hostname, :socket_dir, :port, :endpoints, :target_server_type, :username, :password, :database, :sslmode, :ssl_ca_file, :ssl_cert_file, :ssl_key_file, :application_name, :prefix, :pool_size, :connect_timeout, :checkout_timeout, :statement_timeout, :prepare, :testing"},
             {[url: ~c"postgres://u:s3cr3t@h/db"], "invalid configuration: url: must be a string"},
             {[password: 123_456], "invalid configuration: password: must be a string"},
             {[url: "postgres://h/db", port: "5432"],

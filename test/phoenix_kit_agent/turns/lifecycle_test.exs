@@ -83,7 +83,7 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
             {[url: url, port: 70_000],
              "invalid configuration: port: must be an integer from 1 to 65535, got: 70000"},
             {[url: url <> "?sslmode=verify-full"],
-             "invalid configuration: ssl_ca_file: required by the verifying sslmodes: a PEM file of the CA certificates to trust"},
+             ~s{invalid configuration: ssl_ca_file: required by the verifying sslmodes: a PEM file of the CA certificates to trust ("system" for the OS store)}},
             {[url: url, sslmode: :verify_ca, ssl_ca_file: "/nonexistent/ca.pem"],
              ~s{invalid configuration: ssl_ca_file: cannot read "/nonexistent/ca.pem": No such file or directory (os error 2)}}
           ] do
@@ -202,7 +202,7 @@ defmodule PhoenixKitAgent.Turns.LifecycleTest do
       turn()
     end
 
-    test "the repo's ssl: true is require; ssl: false is disable" do
+    test "the repo's ssl: true asks for TLS (verify_full); ssl: false is disable" do
       Application.put_env(:locks_fake_host, FakeRepo, url: TestDB.url(), ssl: true)
       :ok = AppEnv.restart(repo: FakeRepo)
       no_tls!()

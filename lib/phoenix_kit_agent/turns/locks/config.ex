@@ -16,14 +16,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   @timeouts [:connect_timeout, :checkout_timeout, :statement_timeout]
   # The struct's fields, each a setting of the same name.
   @fields ~w(hostname socket_dir port endpoints target_server_type username password database
-             sslmode ssl_ca_file application_name prefix pool_size)a ++ @timeouts ++ [:prepare]
-  @settings [:repo, :url] ++ @fields ++ [:testing]
+             sslmode ssl_ca_file ssl_cert_file ssl_key_file ssl_cacerts ssl_cert ssl_key
+             ssl_server_name application_name prefix pool_size)a ++ @timeouts ++ [:prepare]
+  # Fields only a repo's `ssl:` fills (Postgrex's options libpq has no
+  # setting for): DER certificates and key, and the server name to check.
+  @repo_only ~w(ssl_cacerts ssl_cert ssl_key ssl_server_name)a
+  @settings [:repo, :url] ++ (@fields -- @repo_only) ++ [:testing]
   # Read by the Mix compiler (Mix.Tasks.Compile.LocksNif): allowed, ignored here.
   @build_settings [:build_from_source]
   # What the library takes from a repo's config/0 as it is.
   @repo_settings ~w(hostname port endpoints target_server_type username password database
                     socket_dir prefix prepare)a
-  @texts [:hostname, :username, :database, :ssl_ca_file, :application_name]
+  @texts [:hostname, :username, :database, :ssl_ca_file, :ssl_cert_file, :ssl_key_file] ++
+           [:application_name]
   # endpoints: [] is hostname:port alone; :primary because lock calls write
   # (Postgrex's default is :any).
   @defaults [port: 5432, endpoints: [], target_server_type: :primary, sslmode: :prefer] ++
@@ -44,7 +49,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     "prefer-standby" => :secondary
   }
 
-  @derive {Inspect, except: [:password]}
+  # Two fields that say the same in two forms (a file, DER): a layer that
+  # sets either replaces both of the layer below's.
+  @ssl_alternatives [
+    [:ssl_ca_file, :ssl_cacerts],
+    [:ssl_cert_file, :ssl_cert],
+    [:ssl_key_file, :ssl_key]
+  ]
+
+  # The key is secret; the certificates are many (the OS store).
+  @derive {Inspect, except: [:password, :ssl_key, :ssl_cacerts, :ssl_cert]}
   defstruct @fields
 
   @type t :: %__MODULE__{}
@@ -128,13 +142,19 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # of `base`'s.
   defp over(top, base) do
     base = if located?(top), do: Keyword.drop(base, @servers), else: base
+
+    base =
+      Enum.reduce(@ssl_alternatives, base, fn pair, base ->
+        if Enum.any?(pair, &(top[&1] != nil)), do: Keyword.drop(base, pair), else: base
+      end)
+
     Keyword.merge(base, top)
   end
 
   defp located?(connection), do: Enum.any?(@servers, &(connection[&1] != nil))
 
   defp build!(settings) do
-    settings = Keyword.merge(@defaults, settings) |> first_endpoint()
+    settings = Keyword.merge(@defaults, system_store!(settings)) |> first_endpoint()
 
     username =
       settings[:username] || System.get_env("PGUSER") || System.get_env("USER") ||
@@ -203,7 +223,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   defp normal(_key, value), do: value
 
-  defp got(key, _value) when key in [:url, :password], do: ""
+  defp got(key, _value) when key in [:url, :password, :key], do: ""
   defp got(_key, value), do: ", got: " <> inspect(value, limit: 5, printable_limit: 64)
 
   # Whether `value` passes setting `key`'s rule, and what an error says of it.
@@ -239,7 +259,25 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp rule(:ssl, v),
     do: {v in [nil, true, false] or is_list(v), "must be a boolean or a keyword list"}
 
-  defp rule(:cacertfile, v), do: {v == nil or is_binary(v) or is_list(v), "must be a path"}
+  defp rule(key, v) when key in [:cacertfile, :certfile, :keyfile],
+    do: {text?(chars(v)) and v not in ["", []], "must be a path"}
+
+  defp rule(:verify, v),
+    do: {v in [:verify_peer, :verify_none], "must be :verify_peer or :verify_none"}
+
+  defp rule(:server_name_indication, v),
+    do:
+      {v == :disable or (text?(chars(v)) and v not in ["", []]),
+       "must be a host name or :disable"}
+
+  # A charlist as :ssl takes it, as a string; anything else as it is.
+  defp chars(v) when is_list(v) do
+    List.to_string(v)
+  rescue
+    ArgumentError -> v
+  end
+
+  defp chars(v), do: v
 
   defp endpoint?({host, port}), do: text?(host) and host != "" and port in 1..65_535
   defp endpoint?(_), do: false
@@ -268,6 +306,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   @url_parameters %{
     "sslmode" => :sslmode,
     "sslrootcert" => :ssl_ca_file,
+    "sslcert" => :ssl_cert_file,
+    "sslkey" => :ssl_key_file,
     "host" => :hostname,
     "port" => :port,
     "user" => :username,
@@ -393,18 +433,218 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     [socket_dir: check!(:socket_dir, Path.dirname(path), at.(:socket))] ++ port
   end
 
-  # Postgrex's `ssl:` / `ssl_opts:` as an sslmode: verify_peer is verify_full
-  # (Erlang's :ssl checks the host name too). A url's sslmode stays.
+  ## TLS: Postgrex's options and libpq's sslrootcert=system
+
+  # Postgrex 0.21's TLS (its lib/postgrex/protocol.ex), in the library's
+  # terms, each option with the verdict Postgrex gives it: `ssl: true` is
+  # verify_peer with the host-name check over the OS store
+  # (`:public_key.cacerts_get()`); a keyword list is merged over the defaults
+  # verify_peer and the HTTPS host-name match; `ssl: true, ssl_opts: list`
+  # (older Postgrex) hands :ssl the list as it is, whose verify default is
+  # taken as OTP 26's, verify_peer (OTP 25's was verify_none: the error that
+  # asks for a CA says to write `verify: :verify_none` to keep that). A url's
+  # sslmode stays when `ssl:` is off.
   defp ssl(config, at) do
-    case check!(:ssl, config[:ssl], at.(:ssl)) do
-      off when off in [nil, false] ->
+    case {check!(:ssl, config[:ssl], at.(:ssl)), config[:ssl_opts]} do
+      {off, _} when off in [nil, false] ->
         if config[:url], do: [], else: [sslmode: :disable]
 
-      on ->
-        opts = Enum.find([on, config[:ssl_opts]], [], &is_list/1)
-        file = check!(:cacertfile, opts[:cacertfile], at.(:ssl_opts) <> "[:cacertfile]")
-        mode = if opts[:verify] == :verify_peer, do: :verify_full, else: :require
-        if file, do: [sslmode: mode, ssl_ca_file: to_string(file)], else: [sslmode: mode]
+      {true, nil} ->
+        [sslmode: :verify_full, ssl_cacerts: os_store!("#{at.(:ssl)} (true: the OS store)")]
+
+      {true, opts} ->
+        tls!(opts, at.(:ssl_opts))
+
+      {opts, _} ->
+        tls!(opts, at.(:ssl))
+    end
+  end
+
+  # The :ssl options the library reads; any other stops the start.
+  @ssl_options ~w(verify cacerts cacertfile certfile keyfile cert key server_name_indication
+                  customize_hostname_check)a
+  @key_formats %{RSAPrivateKey: :pkcs1, ECPrivateKey: :sec1, PrivateKeyInfo: :pkcs8}
+
+  defp tls!(opts, name) do
+    unless Keyword.keyword?(opts), do: bad!(name, "must be a keyword list" <> got(:ssl, opts))
+    at = &"#{name}[#{inspect(&1)}]"
+
+    for {key, _} <- opts, key not in @ssl_options, do: bad!(at.(key), unknown_ssl(key))
+    opts = for {key, value} <- opts, value != nil, do: {key, check_ssl!(key, value, at.(key))}
+    https?(opts[:customize_hostname_check], at.(:customize_hostname_check))
+
+    ca =
+      cond do
+        opts[:cacerts] -> [ssl_cacerts: ders!(opts[:cacerts], at.(:cacerts))]
+        opts[:cacertfile] -> [ssl_ca_file: chars(opts[:cacertfile])]
+        true -> []
+      end
+
+    {mode, server} =
+      case opts[:server_name_indication] do
+        nil -> {:verify_full, []}
+        :disable -> {:verify_ca, []}
+        sni -> {:verify_full, [ssl_server_name: chars(sni)]}
+      end
+
+    client = client_certificate!(opts, at)
+
+    cond do
+      opts[:verify] == :verify_none ->
+        [sslmode: :require] ++ server ++ client
+
+      ca == [] ->
+        bad!(
+          name,
+          "verify: :verify_peer (Postgrex's default) needs the CA certificates to trust, and " <>
+            "Postgrex connects with none: write cacerts: :public_key.cacerts_get() (the OS " <>
+            "store, for managed PostgreSQL), cacertfile: \"ca.pem\" or cacerts: [der], or " <>
+            "verify: :verify_none to connect without checking the certificate (what ssl: " <>
+            "true did before Postgrex 0.18, and ssl_opts: on OTP 25)"
+        )
+
+      true ->
+        [sslmode: mode] ++ ca ++ server ++ client
+    end
+  end
+
+  defp check_ssl!(key, value, name)
+       when key in [:verify, :cacertfile, :certfile, :keyfile, :server_name_indication],
+       do: check!(key, value, name)
+
+  defp check_ssl!(_key, value, _name), do: value
+
+  defp unknown_ssl(:verify_fun),
+    do:
+      "the library cannot run an Erlang verify function: it checks the chain and the host " <>
+        "name as verify: :verify_peer does; give the CA with cacerts: or cacertfile: instead " <>
+        "(or verify: :verify_none not to check)"
+
+  defp unknown_ssl(:password),
+    do: "encrypted keys cannot be read: give keyfile: an unencrypted PEM key, or key: as DER"
+
+  defp unknown_ssl(_key),
+    do:
+      "an :ssl option the library does not honour (it speaks TLS with rustls): remove it; " <>
+        "the options it reads are #{names(@ssl_options)}"
+
+  # The HTTPS match, Postgrex's default (wildcards in the certificate's
+  # names), is what rustls does; `[]`, :ssl's own, is taken as it.
+  defp https?(nil, _name), do: :ok
+  defp https?([], _name), do: :ok
+
+  defp https?(check, name) do
+    unless check == [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)],
+      do:
+        bad!(
+          name,
+          "the library checks host names as :public_key.pkix_verify_hostname_match_fun(:https) " <>
+            "does (Postgrex's default): remove it, or write [match_fun: " <>
+            ":public_key.pkix_verify_hostname_match_fun(:https)]"
+        )
+  end
+
+  # :ssl's client certificate: cert: (DER, or a list: the chain) over
+  # certfile:, key: ({type, DER}) over keyfile:, and a certfile: without a
+  # key is read for its key too, as :ssl reads it.
+  defp client_certificate!(opts, at) do
+    cert =
+      cond do
+        opts[:cert] -> [ssl_cert: ders!(List.wrap(opts[:cert]), at.(:cert))]
+        opts[:certfile] -> [ssl_cert_file: chars(opts[:certfile])]
+        true -> []
+      end
+
+    key =
+      cond do
+        opts[:key] -> [ssl_key: key!(opts[:key], at.(:key))]
+        opts[:keyfile] -> [ssl_key_file: chars(opts[:keyfile])]
+        opts[:certfile] -> [ssl_key_file: chars(opts[:certfile])]
+        true -> []
+      end
+
+    cert ++ key
+  end
+
+  defp key!({type, der}, name) when is_map_key(@key_formats, type) and is_binary(der) do
+    :public_key.der_decode(type, der)
+    {@key_formats[type], der}
+  rescue
+    _ -> bad!(name, "is not a #{type} DER encoding")
+  end
+
+  defp key!(_key, name),
+    do:
+      bad!(
+        name,
+        "must be {type, der} with type #{names(Map.keys(@key_formats))} " <>
+          "(an engine key cannot be read): give keyfile: a PEM key instead"
+      )
+
+  # Certificates as DER, from binaries or the records :public_key.cacerts_get() returns.
+  defp ders!(certs, name) do
+    unless is_list(certs) and certs != [],
+      do: bad!(name, "must be a list of DER certificates" <> got(:cacerts, certs))
+
+    for {cert, n} <- Enum.with_index(certs, 1) do
+      der =
+        case cert do
+          {:cert, der, _otp} when is_binary(der) ->
+            der
+
+          der when is_binary(der) ->
+            der
+
+          other ->
+            bad!(name, "must hold DER certificates, got: #{inspect(other, limit: 5)} at #{n}")
+        end
+
+      try do
+        :public_key.pkix_decode_cert(der, :plain)
+      rescue
+        _ -> bad!(name, "certificate #{n} of #{length(certs)} is not a DER certificate")
+      end
+
+      der
+    end
+  end
+
+  # The OS store, as Postgrex reads it for `ssl: true`.
+  defp os_store!(name) do
+    ders!(:public_key.cacerts_get(), name)
+  catch
+    :error, %Error{} = error ->
+      reraise error, __STACKTRACE__
+
+    kind, reason ->
+      bad!(
+        name,
+        "the OS store cannot be read (:public_key.cacerts_get(): #{inspect({kind, reason})}): " <>
+          "give the CA certificates with cacertfile: or cacerts:"
+      )
+  end
+
+  # libpq's sslrootcert=system: `ssl_ca_file: "system"` trusts the OS store,
+  # and makes verify_full the sslmode; as in libpq, a weaker one is refused.
+  defp system_store!(settings) do
+    if settings[:ssl_ca_file] == "system" do
+      mode = settings[:sslmode] || :verify_full
+
+      unless mode == :verify_full,
+        do:
+          bad!(
+            :sslmode,
+            "must be :verify_full with ssl_ca_file \"system\" (the OS store, as libpq's " <>
+              "sslrootcert=system), got: #{inspect(mode)}"
+          )
+
+      Keyword.merge(settings,
+        sslmode: :verify_full,
+        ssl_ca_file: nil,
+        ssl_cacerts: os_store!("ssl_ca_file \"system\"")
+      )
+    else
+      settings
     end
   end
 end
