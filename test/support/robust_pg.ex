@@ -80,15 +80,18 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
     {dir, own_port!(dir, start!(dir))}
   end
 
-  # An exclusive lock on `dir` for as long as the calling process lives (a
-  # `flock` child that waits on its stdin).
-  defp lock!(dir) do
+  # An exclusive lock on `dir` for as long as the calling process lives.
+  defp lock!(dir), do: flock!(Path.join(dir, ".robust.lock"))
+
+  # An exclusive lock on `path` until the returned port is closed or the
+  # calling process exits (a `flock` child that waits on its stdin).
+  defp flock!(path) do
     port =
       Port.open({:spawn_executable, System.find_executable("flock")}, [
         :binary,
         :exit_status,
         {:line, 1024},
-        args: ["-x", Path.join(dir, ".robust.lock"), "-c", "echo locked; exec cat"]
+        args: ["-x", path, "-c", "echo locked; exec cat"]
       ])
 
     receive do
@@ -112,7 +115,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
   inside the kernel's ephemeral range (ip_local_port_range, often
   32768-60999) eventually gets that very port as its source port and
   connects to itself (TCP simultaneous open), holding it. So the port is
-  chosen outside both.
+  chosen outside both. It is chosen and bound under scripts/pg's port lock:
+  another checkout's fault tests, moving their cluster at the same moment,
+  would find the same port free.
   """
   def own_port!(dir, url) do
     current = port(dir)
@@ -122,14 +127,31 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
       if current in range do
         current
       else
-        port = Enum.find(range, &free_port?/1) || raise "no free port in #{inspect(range)}"
-        {_, 0} = run(as_pg([pg_ctl(), "-D", Path.join(dir, "data"), "-m", "fast", "-w", "stop"]))
-        File.write!(Path.join(dir, "port"), "#{port}\n")
-        :ok = restart!(dir)
-        port
+        with_port_lock(fn ->
+          port = Enum.find(range, &free_port?/1) || raise "no free port in #{inspect(range)}"
+          data = Path.join(dir, "data")
+          {_, 0} = run(as_pg([pg_ctl(), "-D", data, "-m", "fast", "-w", "stop"]))
+          File.write!(Path.join(dir, "port"), "#{port}\n")
+          :ok = restart!(dir)
+          port
+        end)
       end
 
     url |> URI.parse() |> Map.put(:port, port) |> URI.to_string()
+  end
+
+  # The lock scripts/pg chooses and binds its ports under (a directory: see
+  # PORT_LOCK there), held while `fun` runs.
+  @port_lock "/var/tmp/phoenix_kit_agent_locks-ports.lock"
+  defp with_port_lock(fun) do
+    File.mkdir_p!(@port_lock)
+    lock = flock!(@port_lock)
+
+    try do
+      fun.()
+    after
+      Port.close(lock)
+    end
   end
 
   # 100 ports below the ephemeral range, or else above it.
