@@ -27,12 +27,20 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
       xref: [exclude: [:httpc, :inets, :ssl, :public_key]],
       start_permanent: Mix.env() == :prod,
       deps: [],
+      # For `mix docs` where ExDoc can be had (a :dev dependency on hex, which
+      # these machines cannot reach, so none is declared): the README and the
+      # guides as extras beside the module docs. Each reads on its own as Markdown.
+      docs: [
+        main: "readme",
+        source_url: @source_url,
+        extras: ["README.md" | Path.wildcard("guides/*.md")] ++ ["CONTRIBUTING.md"]
+      ],
       description:
         "The turn locks of PhoenixKitAgent as a Rust NIF over pooled PostgreSQL connections.",
       package: [
         files:
           ~w(lib native/locks_core native/locks_nif priv/schema.sql Cargo.toml Cargo.lock .cargo/config.toml
-             checksum-Elixir.PhoenixKitAgent.Turns.Locks.Native.exs mix.exs README.md)
+             checksum-Elixir.PhoenixKitAgent.Turns.Locks.Native.exs mix.exs README.md guides)
       ]
     ]
   end

@@ -73,16 +73,6 @@ defmodule PhoenixKitAgent.Turns.Robustness.RowLocksTest do
     TestDB.close(psql)
   end
 
-  test "the docs state the row wait the statements use (ROW_WAIT, sql.rs)" do
-    wait = "#{Native.rules().row_wait_ms} ms"
-    {:docs_v1, _, _, _, %{"en" => error_doc}, _, _} = Code.fetch_docs(Locks.Error)
-    {:docs_v1, _, _, _, %{"en" => locks_doc}, _, _} = Code.fetch_docs(Locks)
-
-    for {name, text} <- [README: File.read!("README.md"), Error: error_doc, Locks: locks_doc] do
-      assert text =~ "after #{wait}", "#{name} does not say #{wait}"
-    end
-  end
-
   test "a chat row, then a user row, held FOR UPDATE by another session for longer than a " <>
          "call's timeout: every acquire answers busy within the bound, the holder's own " <>
          "writes raise :row_locked, and unrelated calls on the same pool answer" do
