@@ -2,7 +2,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
   @shortdoc "Installs the locks NIF in priv/native: a prebuilt library, or a cargo build"
   @moduledoc """
   Installs `priv/native/liblocks_nif.so`, prebuilt or built with cargo: see
-  README.md, "Install in a Phoenix host" and "Installing without Rust".
+  README.md, "Install", and guides/installing-without-rust.md.
   """
 
   use Mix.Task.Compiler
@@ -65,7 +65,8 @@ defmodule Mix.Tasks.Compile.LocksNif do
   defp build_mode(on, _) when on in ["1", "true"], do: {:source, "#{@build_env}=#{on}"}
   defp build_mode(off, _) when off in ["0", "false"], do: :prebuilt
   defp build_mode(nil, true), do: {:source, "config #{inspect(@app)}, build_from_source: true"}
-  # :dev and :test are this repository's builds: its Rust, not a release (README, "Switches").
+
+  # :dev and :test are this repository's builds: its Rust, not a release (guides/installing-without-rust.md, "Switches").
   defp build_mode(nil, _), do: if(Mix.env() in [:dev, :test], do: {:source, nil}, else: :prebuilt)
 
   defp build_mode(other, _),
@@ -147,7 +148,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
   # from (the SHA-256 of the Rust sources and the profile, or the listed
   # artifact and its checksum) and the SHA-256 of the library itself. While
   # both still hold, compiling again runs no cargo, downloads nothing and
-  # prints nothing (README, "Install in a Phoenix host").
+  # prints nothing (README, "Install").
   defp stamp(from, library), do: "#{from}\nlibrary #{Prebuilt.checksum(library)}\n"
 
   defp prebuilt_stamp(artifact, checksum), do: "prebuilt #{artifact} #{checksum}"

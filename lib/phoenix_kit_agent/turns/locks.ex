@@ -22,9 +22,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   statement may have run; a bad argument raises `ArgumentError` before
   anything is sent. No call waits long for a row that another session's
   transaction holds: a taker answers busy at once, and a holder's own write
-  raises `:row_locked` after 400 ms (the README's "Row locks and stalls"). The README describes the configuration and operation;
-  its "Testing your host" the mode in which a host's tests run every call
-  through their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
+  raises `:row_locked` after 400 ms (guides/operating.md, "Row locks and
+  stalls"). guides/operating.md describes the configuration and operation;
+  guides/testing.md the mode in which a host's tests run every call through
+  their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
 
   ## Arguments
 

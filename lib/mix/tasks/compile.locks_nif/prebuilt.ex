@@ -1,7 +1,7 @@
 defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   @moduledoc false
   # Finds, verifies and unpacks a prebuilt `liblocks_nif` for the running VM
-  # (README.md, "Installing without Rust"): the Mix compiler's, and `mix
+  # (guides/installing-without-rust.md): the Mix compiler's, and `mix
   # locks.checksum`'s (dev/), not a user API.
 
   @checksum_file "checksum-Elixir.PhoenixKitAgent.Turns.Locks.Native.exs"

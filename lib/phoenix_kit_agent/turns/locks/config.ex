@@ -1,6 +1,6 @@
 defmodule PhoenixKitAgent.Turns.Locks.Config do
   @moduledoc false
-  # The README's "Configuration", resolved into one struct of checked values
+  # guides/operating.md's "Configuration", resolved into one struct of checked values
   # that the NIF decodes as it is: every default, range and name lives here.
   # The struct keeps no URL; inspect/1 hides the password.
 
@@ -123,7 +123,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   # The most lock calls that may run at once, and the pool size when none is
   # set: the VM's dirty-I/O schedulers less two, so two stay free for the rest
-  # of the VM whatever the database does (the README's "Limits").
+  # of the VM whatever the database does (guides/operating.md, "Limits").
   @spec default_pool_size() :: pos_integer()
   def default_pool_size do
     schedulers = :erlang.system_info(:dirty_io_schedulers)

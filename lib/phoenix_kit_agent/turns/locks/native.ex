@@ -15,7 +15,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
         # Loaded again in a running VM while a version holds the library, and
         # rustler has no upgrade callback: an old version is purged for this
         # one to take the library; the current one keeps it, and this one is
-        # refused (what survives: the README's "Limits").
+        # refused (what survives: guides/operating.md, "Limits").
         :code.purge(__MODULE__)
         :erlang.load_nif(path, 0)
       end
@@ -57,7 +57,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # stubs are, so that Elixir's type checker (1.18 on) reads a stub's result
   # as any term, not as `none()`, at the call sites that match it.
   # With a NIF loaded (its rules kept), a stub runs only when that library is
-  # older than this module and lacks the function (README, "Limits").
+  # older than this module and lacks the function (guides/operating.md, "Limits").
   defp not_loaded do
     why = :persistent_term.get(@load_error, "not loaded")
 

@@ -1,7 +1,7 @@
 defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @moduledoc false
   # Each lock call, counted for Locks.status/0 (lock-free :counters) and, when
-  # the host has :telemetry, a span of events (the README's "Observability").
+  # the host has :telemetry, a span of events (guides/operating.md, "Observability").
   # The functions counted are the native side's lock functions (Native.functions/0).
 
   alias PhoenixKitAgent.Turns.Locks.Native

@@ -1,6 +1,6 @@
 defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
   @moduledoc false
-  # `testing: :sandbox` (the README's "Testing your host"): every lock call
+  # `testing: :sandbox` (guides/testing.md): every lock call
   # runs its statement through the host repo's query/3 in the calling
   # process, so an Ecto SQL Sandbox's ownership, allowances and rollback
   # apply to it. The NIF hands over the statement (the pool's text, filled

@@ -8,8 +8,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   the locks for the caller, renews them every `lease_s / 3` and releases them
   when the turn ends or its caller dies. The lease is trusted until `lease_s`
   less 2 % after the sending of the last renewal the database confirmed, on
-  the node's monotonic clock (why no taker comes first: the README's "Short
-  leases"), an `:atomics` slot that `lost?/1` reads.
+  the node's monotonic clock (why no taker comes first: guides/leases.md),
+  an `:atomics` slot that `lost?/1` reads.
   """
 
   use GenServer, restart: :transient
