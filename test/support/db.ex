@@ -325,6 +325,25 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   def table(:chat), do: {"phoenix_kit_agent_conversations", "uuid"}
   def table(:user), do: {"phoenix_kit_agent_user_settings", "user_uuid"}
 
+  @doc """
+  Raises one line naming the fix unless the server of `url` preloads
+  pg_stat_statements, which the tests that count the library's statements
+  read (scripts/pg's private cluster preloads it; a contributor's own
+  DATABASE_URL may not).
+  """
+  def need_pg_stat_statements!(url \\ url()) do
+    [[preloaded]] = query!("SHOW shared_preload_libraries", url)
+
+    unless preloaded =~ "pg_stat_statements" do
+      raise "this test counts statements with pg_stat_statements, which DATABASE_URL's " <>
+              "server does not preload: add shared_preload_libraries = 'pg_stat_statements' " <>
+              "to its postgresql.conf and restart it, or unset DATABASE_URL to use the " <>
+              "private cluster (CONTRIBUTING.md)"
+    end
+
+    :ok
+  end
+
   @stalled "locks_test_stalled_users"
 
   @doc """

@@ -12,7 +12,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
 
   alias PhoenixKitAgent.Turns.Locks.TestDB
 
-  @doc "The fault cluster's directory: `_build/pg-faults` (as scripts/pg expects: see the Quick start of CONTRIBUTING.md)."
+  @doc "The fault cluster's directory: `_build/pg-faults` (as scripts/pg expects: see CONTRIBUTING.md)."
   def faults_dir do
     dir = Path.expand("_build/pg-faults")
 

@@ -279,6 +279,8 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
     @tag :slow
     test "8,000 bad calls (API and NIF) raise ArgumentError, run no SQL, panic nowhere; " <>
            "the tables, the VM and the pool are fine afterwards" do
+      TestDB.need_pg_stat_statements!()
+
       {db, url} =
         Pg.create_database!("junk",
           sql: """
@@ -408,6 +410,7 @@ defmodule PhoenixKitAgent.Turns.BadInputTest do
     end
 
     test "Native.setup/1 with an unknown kind raises ArgumentError and runs no DDL" do
+      TestDB.need_pg_stat_statements!()
       extension = "CREATE EXTENSION IF NOT EXISTS pg_stat_statements"
       {db, url} = Pg.create_database!("setup_junk", sql: extension)
 

@@ -1,6 +1,6 @@
 defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
   # The README's commands start the private cluster with scripts/pg
-  # (CONTRIBUTING.md, "Quick start"). A clone in a private directory (root's
+  # (CONTRIBUTING.md, "Build, test, bench, release"). A clone in a private directory (root's
   # home is mode 700 on Debian, so is a `mktemp -d` folder) must work too,
   # although the postgres user that runs the cluster cannot enter it.
   use ExUnit.Case, async: true
