@@ -200,20 +200,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
       confirmed in time) answers this too;
     * `{:error, reason}`: `acquire/4`'s refusal, without running `fun`.
 
-  A turn's writes go through `transaction/4`, which commits them only while
-  the turn still holds its chat, even after a pause that `lost?/1` could not
-  see coming. Run each round's model call outside it, then write the round's
-  messages inside it, so the transaction stays short:
-
-      Locks.with_turn(chat, user, [ttl_s: 600, lease_s: 15], fn turn ->
-        Enum.reduce_while(rounds, [], fn round, done ->
-          reply = call_model(round)
-          case Locks.transaction(Repo, turn, fn -> insert_messages!(round, reply) end) do
-            {:ok, _} -> {:cont, [reply | done]}
-            {:error, :lost} -> {:halt, done}
-          end
-        end)
-      end)
+  A turn's writes go through `transaction/4` (the README's example).
 
   It raises `PhoenixKitAgent.Turns.Locks.Error` as `acquire/4` does when the
   locks cannot be taken, and with reason `:not_started` when the application
@@ -291,36 +278,20 @@ defmodule PhoenixKitAgent.Turns.Locks do
   test's transaction.
 
   **The guarantee.** No write of `fun` commits after another turn (or a
-  click, `release/3` or `release_stale/4`) took either lock: a take-over
-  committed before the fence makes it answer `{:error, :lost}`; one sent
-  while the transaction is open cannot write the rows (a taker is answered
-  busy, `release_stale/4` `false`, `release/3` raises `:row_locked`). A turn paused anywhere
-  (a long garbage collection, a stalled VM) before its write cannot write
-  into a chat that another turn took over meanwhile, whether or not it asked
-  `lost?/1` first. No clock is read: a lease that ran out but that nobody
-  took over still holds. Under REPEATABLE READ or SERIALIZABLE, a take-over
-  racing the fence makes it fail with a serialization failure (`40001`)
-  instead of answering `{:error, :lost}`.
+  click, `release/3`, `release_stale/4`) took either lock, however long the
+  turn was paused before it wrote; no clock is read. While the transaction
+  is open nobody can write the two rows, the turn's own renewal included
+  (`keep/5` raises `:row_locked` and `with_turn/4` tries again): keep it
+  short, and make model calls outside it.
 
-  **The bound.** The transaction lives no longer than the lease: the fence
-  sets `lock_timeout`, `statement_timeout`,
+  **The bound.** The fence sets `lock_timeout`, `statement_timeout`,
   `idle_in_transaction_session_timeout` and (PostgreSQL 17 on)
-  `transaction_timeout` to `lease_s` for the rest of the transaction. A
-  `fun` or a VM that stalls has it ended by the server a lease after it
-  stalled at the latest: the writes roll back and the next statement or the
-  commit raises the repo's error for a lost connection (`25P03`). Option
-  `lease_s:` (whole seconds, taken out of `opts`): with_turn/4's turn's
-  `lease_s` by default, 15 for `{conversation_uuid, user_uuid, turn_ref}`.
-  Not set under `testing: :sandbox` (the test's transaction outlives the
-  fence); inside another transaction of the repo, it holds until that ends.
-
-  **The cost.** While the transaction is open, no take-over of the two rows
-  can happen, nor the turn's own renewal (`keep/5`, which `with_turn/4`
-  sends every `lease_s / 3`, raises `:row_locked` and is tried again within
-  the lease). Keep such transactions short, far shorter than the lease:
-  write in them, and make model calls and other slow work outside. Do not
-  call the lock functions inside `fun` for the same turn: they run on other
-  connections and cannot write its rows.
+  `transaction_timeout` to the lease for the rest of the transaction, so a
+  `fun` or a VM that stalls has it ended by the server: its writes roll back
+  and the commit raises the repo's error for a lost connection (`25P03`).
+  Option `lease_s:` (whole seconds, taken out of `opts`): the turn's
+  `lease_s`, or 15 for `{conversation_uuid, user_uuid, turn_ref}`; not set
+  under `testing: :sandbox`. The details: guides/fenced-writes.md.
 
       {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
       {:error, :lost} = Locks.transaction(Repo, {chat, user, "turn-1"}, fn -> … end, lease_s: 5)
