@@ -140,10 +140,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
     url |> URI.parse() |> Map.put(:port, port) |> URI.to_string()
   end
 
-  # The lock scripts/pg chooses and binds its ports under (a directory: see
-  # PORT_LOCK there), held while `fun` runs.
+  @doc """
+  Runs `fun` holding the lock scripts/pg chooses and binds its ports under
+  (a directory: see PORT_LOCK there): a port chosen and bound inside is
+  nobody else's, whatever starts at the same moment.
+  """
   @port_lock "/var/tmp/phoenix_kit_agent_locks-ports.lock"
-  defp with_port_lock(fun) do
+  def with_port_lock(fun) do
     File.mkdir_p!(@port_lock)
     lock = flock!(@port_lock)
 

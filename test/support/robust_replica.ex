@@ -26,14 +26,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Replica do
     ExUnit.Callbacks.on_exit(fn -> Enum.each([b, a], &Pg.stop!/1) end)
 
     url = Pg.start!(a)
-    [port_a, port_b] = Enum.take(Enum.filter(ports(), &free_port?/1), 2)
-    :ok = Pg.stop_fast!(a)
-    File.write!(Path.join(a, "port"), "#{port_a}\n")
-    :ok = Pg.restart!(a)
+
+    # Chosen and bound under scripts/pg's port lock, as every cluster's port.
+    {port_a, port_b} =
+      Pg.with_port_lock(fn ->
+        [port_a, port_b] = Enum.take(Enum.filter(ports(), &free_port?/1), 2)
+        :ok = Pg.stop_fast!(a)
+        File.write!(Path.join(a, "port"), "#{port_a}\n")
+        :ok = Pg.restart!(a)
+        {port_a, port_b}
+      end)
+
     url_a = url(url, port_a)
     TestDB.query!(PhoenixKitAgent.Turns.Locks.Native.ddl(:tables, nil), url_a)
 
-    :ok = standby_of!(b, a, port_b)
+    :ok = Pg.with_port_lock(fn -> standby_of!(b, a, port_b) end)
     url_b = url(url, port_b)
     until!(fn -> TestDB.query!("SELECT pg_is_in_recovery()", url_b) == [["t"]] end)
     caught_up!(url_a, url_b)
