@@ -22,7 +22,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   statement may have run; a bad argument raises `ArgumentError` before
   anything is sent. No call waits long for a row that another session's
   transaction holds: a taker answers busy at once, and a holder's own write
-  raises `:row_locked` after 400 ms (guides/operating.md, "Row locks and
+  raises `:row_locked` after 250 ms (guides/operating.md, "Row locks and
   stalls"). guides/operating.md describes the configuration and operation;
   guides/testing.md the mode in which a host's tests run every call through
   their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
@@ -287,8 +287,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   **The bound.** The fence sets `lock_timeout`, `statement_timeout`,
   `idle_in_transaction_session_timeout` and (PostgreSQL 17 on)
   `transaction_timeout` to the lease for the rest of the transaction, so a
-  `fun` or a VM that stalls has it ended by the server: its writes roll back
-  and the commit raises the repo's error for a lost connection (`25P03`).
+  `fun` or a VM that stalls has it ended by the server a lease after it
+  went idle (from 17, a lease after the fence, busy or not): its writes
+  roll back and the commit raises the repo's error for a lost connection
+  (`25P03`).
   Option `lease_s:` (whole seconds, taken out of `opts`): the turn's
   `lease_s`, or 15 for `{conversation_uuid, user_uuid, turn_ref}`; not set
   under `testing: :sandbox`. The details: guides/fenced-writes.md.

@@ -27,16 +27,18 @@
 //!   a psql left open) is the lock being busy right now, not a reason to
 //!   wait. The takers ([`ACQUIRE`], [`ACQUIRE_USER`]) lock what they may
 //!   take `SKIP LOCKED` and answer busy at once, naming the holder their
-//!   snapshot saw committed. Every statement that writes first sets
-//!   `lock_timeout` to [`ROW_WAIT`] for itself alone (`{wait}`: a
-//!   `set_config(…, true)` in the `WHERE` of the first row it locks, which
-//!   PostgreSQL evaluates before it locks that row, and which ends with the
-//!   statement's transaction), so a row lock that outlasts it (a write of a
-//!   row the statement could not skip: its holder's own renewal and release,
-//!   a new settings row another transaction is inserting) fails the
-//!   statement with `55P03`, which changed nothing; [`Job::locked`](crate::Job::locked)
-//!   says what that answers. A statement writes at most two rows, so it waits at most
-//!   twice [`ROW_WAIT`] in all.
+//!   snapshot saw committed. Every statement that writes sets `lock_timeout`
+//!   to [`ROW_WAIT`] for itself alone (`{wait}`: a `set_config(…, true)`,
+//!   which ends with the statement's transaction) in the `WHERE` of the
+//!   first row it may wait for, which PostgreSQL evaluates before it locks
+//!   that row (the takers' `SKIP LOCKED` locks come before it, and wait for
+//!   nothing). So a lock that outlasts it (on a row the statement could not
+//!   skip: its holder's own renewal and release, a new settings row another
+//!   transaction is inserting) fails the statement with `55P03`, which
+//!   changed nothing; [`Job::locked`](crate::Job::locked) says what that
+//!   answers. Rows are locked `FOR NO KEY UPDATE`, the strength of an
+//!   `UPDATE` that keeps the key: a foreign key's `FOR KEY SHARE` (a host's
+//!   transaction inserting a message of the chat) does not conflict with it.
 //! * **Any isolation level.** Under READ COMMITTED a statement that waited
 //!   for a row re-checks its predicate on the row's newest version; under
 //!   REPEATABLE READ or SERIALIZABLE it fails with 40001 instead, and the
@@ -62,11 +64,13 @@ use tokio_postgres::types::Type;
 use crate::error::{Error, Result};
 use crate::schema::{name_tables, Tables};
 
-/// The longest a lock statement waits for one row that another session's
-/// transaction holds: its `lock_timeout` (`{wait}`, see the module doc).
-/// Far below a call's `statement_timeout`, so that a held row is answered
-/// as contention, and a slot of the pool is never held long for one.
-pub const ROW_WAIT: Duration = Duration::from_millis(400);
+/// The longest a lock statement waits for one lock that another session's
+/// transaction holds: its `lock_timeout` (`{wait}`, see the module doc). A
+/// row may cost two waits (the row's queue, then its holder), and a
+/// statement writes at most two rows, so a statement gives up within four
+/// times this, 1 s: far below a call's `statement_timeout`, so that a held
+/// row is answered as contention, and a slot of the pool is never held long.
+pub const ROW_WAIT: Duration = Duration::from_millis(250);
 
 /// A statement: its name (the Elixir function that runs it, and the key of
 /// its prepared statement), its text with placeholders, its parameters' types.
@@ -162,7 +166,7 @@ macro_rules! user_seen {
 /// them over `$5` seconds after this call (or the last [`KEEP`]), should
 /// they never be released. With `$5 = $4` they are dated now.
 ///
-/// 1. `chat` locks the chat row (`FOR UPDATE SKIP LOCKED`) only if it is
+/// 1. `chat` locks the chat row (`FOR NO KEY UPDATE SKIP LOCKED`) only if it is
 ///    free for `$3`; under READ COMMITTED the predicate is re-checked on the
 ///    newest version of a row another statement changed meanwhile, so of
 ///    racing turns exactly one gets the row. A row another session holds is
@@ -188,12 +192,12 @@ WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid
     AND ", free!("c.", "$3::text", "{chat_now}", "$4"), "
-  FOR UPDATE SKIP LOCKED
+  FOR NO KEY UPDATE SKIP LOCKED
 ),
 ", user_seen!("$2"), ",
 mine AS (
   SELECT 1 FROM {users} u WHERE u.user_uuid = $2::uuid AND EXISTS (SELECT 1 FROM chat)
-  FOR UPDATE SKIP LOCKED
+  FOR NO KEY UPDATE SKIP LOCKED
 ),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
@@ -234,7 +238,9 @@ pub(crate) const ACQUIRE_USER: Def = Def {
     name: "acquire_user",
     text: concat!("
 WITH ", user_seen!("$1"), ",
-mine AS (SELECT 1 FROM {users} u WHERE u.user_uuid = $1::uuid FOR UPDATE SKIP LOCKED),
+mine AS (
+  SELECT 1 FROM {users} u WHERE u.user_uuid = $1::uuid FOR NO KEY UPDATE SKIP LOCKED
+),
 usr AS (
   INSERT INTO {users} AS u (user_uuid, busy_since, busy_turn_ref{fill_columns})
   SELECT $1::uuid, ", dated!("{user_now}", "$3", "$4"), ", $2::text{fill_values}
@@ -277,7 +283,7 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 
 /// The fence of `Locks.transaction/4`: the first statement of a transaction
 /// of the host's repo, which commits the caller's writes only while the turn
-/// `$3` holds both locks, and lives no longer than the turn's lease `$4`.
+/// `$3` holds both locks, bounded by the turn's lease `$4`.
 /// Not run by the pool: its text goes to the host ([`fence`]), which runs it
 /// with its own transaction.
 ///
@@ -285,9 +291,9 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 /// milliseconds. `chat` then `usr` take the two rows `FOR SHARE`, each only
 /// where `busy_turn_ref` is `$3` (the rule of [`HELD`]), the chat row first,
 /// as every statement orders them. A row lock `FOR SHARE` conflicts with
-/// `FOR UPDATE` and with the row lock of an `UPDATE` (`FOR KEY SHARE` would
-/// not: an `UPDATE` of non-key columns takes only `FOR NO KEY UPDATE`), so
-/// until the transaction ends no take-over ([`ACQUIRE`]'s `FOR UPDATE` and
+/// `FOR NO KEY UPDATE`, the lock of an `UPDATE` of non-key columns and of
+/// the lock statements (`FOR KEY SHARE` would not), so until the
+/// transaction ends no take-over ([`ACQUIRE`]'s row locks and
 /// upsert, [`ACQUIRE_USER`], [`RELEASE`], [`RELEASE_STALE`], and the turn's
 /// own [`KEEP`]) can write either row: the takers skip them and answer busy,
 /// the others wait [`ROW_WAIT`] and fail with `55P03`. A take-over
@@ -302,11 +308,13 @@ SELECT EXISTS (SELECT 1 FROM {chats} WHERE uuid = $1::uuid AND busy_turn_ref = $
 /// outlives the fence) sets, for the rest of the transaction, `$4` as its
 /// `lock_timeout`, `statement_timeout`, `idle_in_transaction_session_timeout`
 /// and, from PostgreSQL 17, `transaction_timeout`, in the `WHERE` of the
-/// chat row before it is locked. So the fence waits at most a lease for a
-/// row, and a transaction whose caller stalls (a stopped VM, a `fun` that
-/// hangs) is ended by the server a lease after it stalled at the latest
-/// (from 17, a lease after the fence), its writes rolled back, and the rows
-/// are free. Returns one row: `held`, whether it holds both (then both rows
+/// chat row before it is locked. So the fence gives up on a lock after a
+/// lease, each later statement runs at most a lease, and a transaction
+/// whose caller stalls (a stopped VM, a `fun` that waits) is ended by the
+/// server a lease after it went idle: its writes roll back and the rows are
+/// free. From PostgreSQL 17 the whole transaction lives at most a lease
+/// after the fence; before, one that keeps running statements is not
+/// bounded as a whole. Returns one row: `held`, whether it holds both (then both rows
 /// are locked until the transaction ends).
 #[rustfmt::skip]
 pub(crate) const FENCE: Def = Def {
@@ -331,15 +339,21 @@ const FENCE_BOUND: &str = "
     AND set_config('lock_timeout', $4::int4::text, true) IS NOT NULL
     AND set_config('statement_timeout', $4::int4::text, true) IS NOT NULL
     AND set_config('idle_in_transaction_session_timeout', $4::int4::text, true) IS NOT NULL
-    AND set_config(CASE WHEN current_setting('server_version_num')::int4 >= 170000
-      THEN 'transaction_timeout' ELSE 'lock_timeout' END, $4::int4::text, true) IS NOT NULL";
+    AND set_config({tt}, $4::int4::text || left(set_config({tt}, '0', true), 0), true) IS NOT NULL";
+
+/// `transaction_timeout` from PostgreSQL 17 (set to 0 first: a timer already
+/// running would otherwise keep its own, longer, time), else a setting set
+/// anyway.
+const TRANSACTION_TIMEOUT: &str = "CASE WHEN current_setting('server_version_num')::int4 >= 170000
+      THEN 'transaction_timeout' ELSE 'lock_timeout' END";
 
 /// [`FENCE`]'s text for the tables under `prefix` (quoted, as every
 /// statement names them), `bounded` by the lease (`$4`) or not (then it
 /// takes the first three parameters alone). It needs only the tables'
 /// names, so it is known before the tables are read, in either mode.
 pub fn fence(prefix: Option<&str>, bounded: bool) -> String {
-    name_tables(FENCE.text, prefix).replace("{bound}", if bounded { FENCE_BOUND } else { "" })
+    let bound = FENCE_BOUND.replace("{tt}", TRANSACTION_TIMEOUT);
+    name_tables(FENCE.text, prefix).replace("{bound}", if bounded { &bound } else { "" })
 }
 
 /// Re-dates a click's lock as if taken now, only while `$2` still holds it.
@@ -367,7 +381,7 @@ RETURNING 1"),
 /// holds both and neither is older than `$4` (exactly what "not yet
 /// takeable" means): a lease that expired is not revived (another turn may
 /// take it over any moment), and a turn that lost one of its locks does not
-/// keep the other. `chat` then `usr` lock both rows (`FOR UPDATE`, the chat
+/// keep the other. `chat` then `usr` lock both rows (`FOR NO KEY UPDATE`, the chat
 /// row first) with the predicate re-checked on their newest versions, and
 /// the two updates run only when both rows qualified, so both are re-dated
 /// or neither. Returns one row: whether they were.
@@ -379,14 +393,14 @@ WITH chat AS (
   SELECT c.uuid FROM {chats} c
   WHERE c.uuid = $1::uuid AND c.busy_turn_ref = $3::text
     AND ", fresh!("c.", "{chat_now}", "$4"), " AND {wait}
-  FOR UPDATE
+  FOR NO KEY UPDATE
 ),
 usr AS (
   SELECT u.user_uuid FROM {users} u
   WHERE u.user_uuid = $2::uuid AND u.busy_turn_ref = $3::text
     AND ", fresh!("u.", "{user_now}", "$4"), "
     AND EXISTS (SELECT 1 FROM chat)
-  FOR UPDATE
+  FOR NO KEY UPDATE
 ),
 kept_chat AS (
   UPDATE {chats} SET busy_since = ", dated!("{chat_now}", "$4", "$5"), "

@@ -270,6 +270,38 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
       assert lock(:user, user) |> elem(0) == turn
     end
 
+    test "the fence gives up after a lease on a row another session holds: :row_locked, fun " <>
+           "not run" do
+      {chat, _user, _turn} = ids = turn!()
+      psql = TestDB.session!(TestDB.url())
+      {chats, _key} = TestDB.table(:chat)
+      TestDB.query!("BEGIN; SELECT 1 FROM #{chats} WHERE uuid = '#{chat}' FOR UPDATE", psql)
+      started = System.monotonic_time(:millisecond)
+
+      error =
+        assert_raise Locks.Error, fn ->
+          Locks.transaction(SandboxRepo, ids, fn -> flunk("fun ran") end, lease_s: 1)
+        end
+
+      took = System.monotonic_time(:millisecond) - started
+      TestDB.query!("ROLLBACK", psql)
+      TestDB.close(psql)
+      assert {error.reason, error.sqlstate} == {:row_locked, nil}
+      assert took >= 1_000 and took < 5_000, "gave up after #{took} ms"
+    end
+
+    test "a statement of fun that runs longer than the lease is cancelled" do
+      ids = turn!()
+
+      assert {:ok, {:error, %SandboxRepo.Error{postgres: %{pg_code: "57014"}}}} =
+               Locks.transaction(
+                 SandboxRepo,
+                 ids,
+                 fn repo -> repo.query("SELECT pg_sleep(30)", [], []) end,
+                 lease_s: 1
+               )
+    end
+
     test "transaction/4's :lease_s is whole seconds" do
       ids = turn!()
 

@@ -17,7 +17,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
     * `:row_locked` — a row the call writes (`keep/5`, `keep_user/4`,
       `release/3`, `release_user/2`) stayed locked by another session's
       transaction (the turn's own fenced write, a host's transaction) for
-      the whole wait (it gives up after 400 ms a row); the statement changed
+      the whole wait (it gives up after 250 ms a row); the statement changed
       nothing: try again.
       Also raised by `transaction/4` when its fence waited a whole lease;
     * `:statement` — PostgreSQL refused the statement, which changed nothing;

@@ -65,8 +65,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Sandbox do
   # (locks_core/src/error.rs): a FATAL error or a shutdown ended the session
   # with the statement in flight; a cancel (57014) is the repo's `:timeout`
   # (the sandbox cancels a query that outlasts it) or the server's
-  # statement_timeout; a lock_timeout (55P03: the fence's bound) is
-  # `:row_locked`; any other refused it.
+  # statement_timeout; a lock_timeout (55P03: the fence's bound in the
+  # pool's mode, or a host's own lock_timeout) is `:row_locked`; any other
+  # refused it.
   def error(%{postgres: %{pg_code: sqlstate} = postgres}) when is_binary(sqlstate) do
     cause = "#{postgres[:message]} (#{sqlstate})"
     fatal? = postgres[:severity] in ["FATAL", "PANIC"] or sqlstate in ["57P01", "57P02", "57P03"]

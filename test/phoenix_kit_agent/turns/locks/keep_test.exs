@@ -76,7 +76,7 @@ defmodule PhoenixKitAgent.Turns.Locks.KeepTest do
       waiting = """
       SELECT count(*) FROM pg_stat_activity
       WHERE application_name = 'phoenix_kit_agent_locks' AND wait_event_type = 'Lock'
-        AND query LIKE '%busy_since >= %' AND query LIKE '%FOR UPDATE%'
+        AND query LIKE '%busy_since >= %' AND query LIKE '%FOR NO KEY UPDATE%'
       """
 
       assert Enum.any?(1..1_000, fn _ -> TestDB.query!(waiting) != [["0"]] end)

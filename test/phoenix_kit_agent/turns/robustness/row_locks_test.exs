@@ -133,6 +133,52 @@ defmodule PhoenixKitAgent.Turns.Robustness.RowLocksTest do
     assert Node.call(node, Locks, :acquire_user, [user, click, 60, 10]) == :ok
   end
 
+  test "a new settings row another transaction is inserting: acquire/4 and acquire_user/4 " <>
+         "wait ROW_WAIT for it and answer :turn_in_flight" do
+    node = start_node(@timeouts)
+    chat = TestDB.insert_chat!()
+    user = TestDB.uuid()
+    psql = TestDB.session!(TestDB.url())
+
+    TestDB.query!(
+      "BEGIN; INSERT INTO phoenix_kit_agent_user_settings (user_uuid) VALUES ('#{user}')",
+      psql
+    )
+
+    row_wait_ms = Native.rules().row_wait_ms
+
+    calls = [
+      {:acquire, [chat, user, "t", 60]},
+      {:acquire_user, [user, Locks.click_ref(), 60, 10]}
+    ]
+
+    for {answer, ms} <- Node.call(node, Faults, :timed_many, [calls]) do
+      assert answer == {:ok, {:error, :turn_in_flight}}
+      assert ms >= row_wait_ms and ms < @bound_ms, "answered after #{ms} ms"
+    end
+
+    let_go!(psql)
+    assert TestDB.lock(:chat, chat) == {nil, nil}
+    assert Node.call(node, Locks, :acquire, [chat, user, "t", 60]) == :ok
+  end
+
+  test "a transaction inserting a row that references the chat (a foreign key's FOR KEY " <>
+         "SHARE) leaves the chat free to take" do
+    node = start_node(@timeouts)
+    chat = TestDB.insert_chat!()
+
+    TestDB.query!(
+      "CREATE TABLE IF NOT EXISTS locks_test_chat_messages (chat uuid REFERENCES phoenix_kit_agent_conversations (uuid))",
+      TestDB.url()
+    )
+
+    psql = TestDB.session!(TestDB.url())
+    TestDB.query!("BEGIN; INSERT INTO locks_test_chat_messages VALUES ('#{chat}')", psql)
+    assert Node.call(node, Locks, :acquire, [chat, TestDB.uuid(), "t", 60]) == :ok
+    assert Node.call(node, Locks, :keep, [chat, TestDB.uuid(), "t", 60, 60]) == false
+    let_go!(psql)
+  end
+
   test "a VM stopped (SIGSTOP) inside its fenced write: its transaction ends a lease later, " <>
          "the chat and the user are taken over within two leases of its last renewal, no " <>
          "call waits past the bound or raises, and its write never commits" do
