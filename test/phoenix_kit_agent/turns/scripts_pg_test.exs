@@ -16,13 +16,18 @@ defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
     dir = Path.join(parent, "pg")
 
     on_exit(fn ->
-      pg(dir, "stop")
-      # The cluster itself lives where the postgres user can reach it.
-      with {:ok, target} <- File.read_link(dir), do: File.rm_rf!(target)
+      remove(dir)
       File.rm_rf!(parent)
     end)
 
     %{dir: dir}
+  end
+
+  # Stops the cluster of `dir` and deletes it, where it lives: where the
+  # postgres user can reach it.
+  defp remove(dir) do
+    pg(dir, "stop")
+    with {:ok, target} <- File.read_link(dir), do: File.rm_rf!(target)
   end
 
   defp pg(dir, command, env \\ []),
@@ -47,6 +52,42 @@ defmodule PhoenixKitAgent.Turns.ScriptsPgTest do
     assert [_, url] = Regex.run(~r/DATABASE_URL='([^']+)'/, out)
     assert {"1\n", 0} = System.cmd("psql", ["-X", "-Atc", "SELECT 1", url])
     assert pg(dir, "url") == {url <> "\n", 0}
+  end
+
+  # Two starts at the same moment (this module's cluster and the fault tests',
+  # in one run of the suite) found the same port free, and the second server
+  # could not bind it: scripts/pg now chooses and binds under a lock, which no
+  # server may inherit (it would hold the lock for as long as it runs).
+  @tag timeout: 120_000
+  test "scripts/pg start at the same moment: every cluster runs, each on a port of its own",
+       %{dir: dir} do
+    dirs = for i <- 1..3, do: "#{dir}-#{i}"
+    for d <- dirs, do: on_exit(fn -> remove(d) end)
+
+    # Made (initdb) first, so that the three starts choose their ports together.
+    for d <- dirs do
+      {_, 0} = pg(d, "start")
+      {_, 0} = pg(d, "stop")
+    end
+
+    urls =
+      dirs
+      |> Task.async_stream(&pg(&1, "start"), max_concurrency: 3, timeout: 60_000)
+      |> Enum.map(fn {:ok, {out, status}} ->
+        assert status == 0, out
+        assert [_, url] = Regex.run(~r/DATABASE_URL='([^']+)'/, out)
+        url
+      end)
+
+    assert urls |> Enum.map(&URI.parse(&1).port) |> Enum.uniq() |> length() == 3
+
+    for {d, url} <- Enum.zip(dirs, urls) do
+      assert {"1\n", 0} = System.cmd("psql", ["-X", "-Atc", "SELECT 1", url])
+      assert pg(d, "url") == {url <> "\n", 0}
+    end
+
+    lock = "/var/tmp/phoenix_kit_agent_locks-ports.lock"
+    assert System.cmd("flock", ["-w", "30", lock, "true"]) == {"", 0}
   end
 
   # What scripts/test runs at its end, on success, failure or a signal.
