@@ -20,10 +20,9 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
       locks_nif_base_url: "#{@source_url}/releases/download/v#{@version}",
       elixirc_paths: elixirc_paths(Mix.env()),
       # Only the Mix compiler downloads (Mix.Tasks.Compile.LocksNif.Prebuilt,
-      # which puts :inets and :ssl on the code path and starts them itself) and only bench/wire.ex (compiled
-      # in :dev and :test) speaks TLS from Elixir: the running application
-      # needs none of them (its TLS is Rust's), so they are not in
-      # extra_applications.
+      # which puts :inets and :ssl on the code path and starts them itself):
+      # the running application needs none of them (its TLS is Rust's), so
+      # they are not in extra_applications.
       xref: [exclude: [:httpc, :inets, :ssl, :public_key]],
       start_permanent: Mix.env() == :prod,
       deps: [],
@@ -52,10 +51,11 @@ defmodule PhoenixKitAgent.Turns.Locks.MixProject do
     ]
   end
 
-  # The benchmark (bench/, `mix locks.bench`), the demo and the release's
-  # checksum task (dev/, `mix locks.demo`, `mix locks.checksum`) are the
-  # project's own: compiled in :dev and :test, never in a host's release.
-  defp elixirc_paths(:test), do: ["lib", "bench", "dev", "test/support"]
-  defp elixirc_paths(:dev), do: ["lib", "bench", "dev"]
+  # The demo and the release's checksum task (dev/, `mix locks.demo`, `mix
+  # locks.checksum`) are the project's own: compiled in :dev and :test,
+  # never in a host's release. The benchmark is a Mix project of its own
+  # (bench/, which depends on this one by path).
+  defp elixirc_paths(:test), do: ["lib", "dev", "test/support"]
+  defp elixirc_paths(:dev), do: ["lib", "dev"]
   defp elixirc_paths(_), do: ["lib"]
 end

@@ -5,15 +5,14 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Freeze do
   # (file I/O from a process that has nothing to do with the locks, a probe
   # of the normal schedulers, optionally `Application.stop/1`), each timed.
 
-  alias PhoenixKitAgent.Turns.Locks.Bench.Probe
-  alias PhoenixKitAgent.Turns.Locks.Robust.Race
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Probe, Race}
 
   @doc """
   Starts `calls` (`{fun, args}` of Locks) at once; `after_ms` later times an
   unrelated process's `File.read!/1` and `File.write!/2` of a small file,
   then, with `stop_app: true`, `Application.stop(:phoenix_kit_agent_locks)`.
   Returns `%{answers: [{answer, ms}], read_ms:, write_ms:, stop_ms:, probe:}`
-  once every call has ended, `probe` being what `Bench.Probe` measured
+  once every call has ended, `probe` being what `Robust.Probe` measured
   meanwhile (its `rtt`: the message round trips on the normal schedulers).
   """
   def run(calls, opts) do

@@ -42,7 +42,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults do
   # `pg_ctl stop -m immediate`), keeps the load going for `after_ms`, stops
   # it and returns everything the test asserts on.
 
-  alias PhoenixKitAgent.Turns.Locks.Bench.Probe
+  alias PhoenixKitAgent.Turns.Locks.Robust.Probe
   alias PhoenixKitAgent.Turns.Locks.Robust.Race
 
   def run(%{chats: chats, users: users, fault: fault, warm: warm, after_ms: after_ms}) do
@@ -141,10 +141,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults do
   end
 
   @doc """
-  Starts the probe of the normal schedulers (Bench.Probe, which `mix
-  locks.bench` uses too): every 5 ms, a message round trip to another
-  process. `stop_probe/1` gives the longest delay in ms, a round trip or a
-  wake-up later than asked: how long the normal schedulers were unavailable.
+  Starts the probe of the normal schedulers (Robust.Probe): every 5 ms, a
+  message round trip to another process. `stop_probe/1` gives the longest
+  delay in ms, a round trip or a wake-up later than asked: how long the
+  normal schedulers were unavailable.
   """
   def start_probe, do: Probe.start(interval_ms: 5)
 

@@ -1,22 +1,21 @@
 defmodule PhoenixKitAgent.Turns.OneStatementTest do
   # One statement, in its own transaction, per public call: the design's
   # promise (it more than halves a caller's latency), counted on the server
-  # by Bench.StatementCounter (bench/statement_counter.ex, which `mix
-  # locks.bench` counts with too): the pool is restarted logged in as a role
-  # made for this module alone, whose statements pg_stat_statements counts,
-  # BEGIN/COMMIT/SAVEPOINT… included. async: false, since the pool is global.
+  # by StatementCounter (test/support/statement_counter.ex): the pool is
+  # restarted logged in as a role made for this module alone, whose
+  # statements pg_stat_statements counts, BEGIN/COMMIT/SAVEPOINT… included.
+  # async: false, since the pool is global.
   use ExUnit.Case, async: false
 
   alias PhoenixKitAgent.Turns.Locks
-  alias PhoenixKitAgent.Turns.Locks.{Config, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Bench.StatementCounter
+  alias PhoenixKitAgent.Turns.Locks.{Config, StatementCounter, TestDB}
 
   @rounds 20
 
   setup_all do
     ensure_pg_stat_statements!()
     {:ok, config} = Config.read()
-    {:ok, counter} = StatementCounter.open(config)
+    counter = StatementCounter.open(config)
     on_exit(fn -> :ok = StatementCounter.close(counter) end)
     %{counter: counter}
   end
@@ -50,10 +49,7 @@ defmodule PhoenixKitAgent.Turns.OneStatementTest do
 
     counted =
       for {name, call} <- calls do
-        {:ok, counts} =
-          StatementCounter.count(counter, fn -> for _ <- 1..@rounds, do: call.() end)
-
-        {name, counts}
+        {name, StatementCounter.count(counter, fn -> for _ <- 1..@rounds, do: call.() end)}
       end
 
     assert counted ==
