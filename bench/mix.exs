@@ -3,9 +3,9 @@ defmodule LocksBench.MixProject do
 
   # The benchmark of phoenix_kit_agent_locks, a project of its own: the
   # library is a path dependency, and so is the peer it is compared with,
-  # Postgrex, only when LOCKS_BENCH_PEERS names the directory `./peers`
-  # prepared (Postgrex and what it needs, their dependencies on each other
-  # by path). No hex package is involved; the peers are never committed.
+  # Postgrex, only when LOCKS_BENCH_PEERS names a directory holding it and
+  # what it needs, their dependencies on each other by path. No hex package
+  # is involved; the peers are never committed.
   def project do
     [
       app: :phoenix_kit_agent_locks_bench,

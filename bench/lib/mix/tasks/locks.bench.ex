@@ -97,9 +97,8 @@ defmodule Mix.Tasks.Locks.Bench do
   defp peer("postgrex") do
     Peer.loaded?() ||
       fail(
-        "--peer postgrex: Postgrex is not in this build. Prepare it once with " <>
-          "`bench/peers DIR` (outside the repository), then run with LOCKS_BENCH_PEERS=DIR " <>
-          "set (README.md)"
+        "--peer postgrex: Postgrex is not in this build: set LOCKS_BENCH_PEERS to a " <>
+          "folder that holds postgrex/ and its dependencies by path (bench/README.md)"
       )
   end
 
