@@ -157,8 +157,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
     end
   end
 
-  # 100 ports below the ephemeral range, or else above it.
-  defp own_ports do
+  @doc "The fault clusters' 100 ports: below the kernel's ephemeral range, or else above it."
+  def own_ports do
     [low, high] =
       case File.read("/proc/sys/net/ipv4/ip_local_port_range") do
         {:ok, text} -> text |> String.split() |> Enum.map(&String.to_integer/1)
@@ -175,7 +175,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Pg do
   defp port(dir),
     do: dir |> Path.join("port") |> File.read!() |> String.trim() |> String.to_integer()
 
-  defp free_port?(port) do
+  @doc "Whether nothing listens on `port` of 127.0.0.1 (bind it under `with_port_lock/1`)."
+  def free_port?(port) do
     case :gen_tcp.listen(port, ip: {127, 0, 0, 1}) do
       {:ok, socket} -> :gen_tcp.close(socket) == :ok
       {:error, _} -> false

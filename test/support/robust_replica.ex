@@ -30,7 +30,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Replica do
     # Chosen and bound under scripts/pg's port lock, as every cluster's port.
     {port_a, port_b} =
       Pg.with_port_lock(fn ->
-        [port_a, port_b] = Enum.take(Enum.filter(ports(), &free_port?/1), 2)
+        [port_a, port_b] = Enum.take(Enum.filter(ports(), &Pg.free_port?/1), 2)
         :ok = Pg.stop_fast!(a)
         File.write!(Path.join(a, "port"), "#{port_a}\n")
         :ok = Pg.restart!(a)
@@ -159,26 +159,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Replica do
   defp read_port(dir), do: dir |> Path.join("port") |> File.read!() |> String.trim()
 
   # The top 50 of the fault cluster's 100 ports (it takes the first free one).
-  defp ports do
-    [low, high] =
-      case File.read("/proc/sys/net/ipv4/ip_local_port_range") do
-        {:ok, text} -> text |> String.split() |> Enum.map(&String.to_integer/1)
-        {:error, _} -> [32_768, 60_999]
-      end
-
-    cond do
-      low > 15_531 -> 15_531..15_482//-1
-      high < 65_000 -> (high + 199)..(high + 150)//-1
-      true -> raise "no port range outside the ephemeral ports #{low}-#{high}"
-    end
-  end
-
-  defp free_port?(port) do
-    case :gen_tcp.listen(port, ip: {127, 0, 0, 1}) do
-      {:ok, socket} -> :gen_tcp.close(socket) == :ok
-      {:error, _} -> false
-    end
-  end
+  defp ports, do: Pg.own_ports() |> Enum.reverse() |> Enum.take(50)
 
   defp bin(name) do
     "/usr/lib/postgresql/*/bin/#{name}"
