@@ -290,7 +290,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   `fun` or a VM that stalls has it ended by the server a lease after it
   went idle (from 17, a lease after the fence, busy or not): its writes
   roll back and the commit raises the repo's error for a lost connection
-  (`25P03`).
+  (`25P03`, or from 17 `25P04`).
   Option `lease_s:` (whole seconds, taken out of `opts`): the turn's
   `lease_s`, or 15 for `{conversation_uuid, user_uuid, turn_ref}`; not set
   under `testing: :sandbox`. The details: guides/fenced-writes.md.

@@ -104,6 +104,8 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
 
   defp row_wait_ms, do: Native.rules().row_wait_ms
 
+  defp pg17?, do: String.to_integer(TestDB.value!("SHOW server_version_num")) >= 170_000
+
   # `fun`'s exception's reason, after `fun` raised Locks.Error.
   defp raised(fun), do: assert_raise(Locks.Error, fun).reason
 
@@ -262,9 +264,11 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
 
       send(pid, :commit)
       # The repo's error for its lost connection (psql's, here; Postgrex's
-      # names 25P03 too), raised at the commit.
+      # names the code too), raised at the commit: idle-in-transaction
+      # timeout (25P03), or from PostgreSQL 17 transaction timeout (25P04).
       assert_receive {:ended, {:raised, error}}, 10_000
-      assert error =~ "idle-in-transaction timeout"
+      assert error =~ if(pg17?(), do: "25P04", else: "25P03")
+      assert error =~ "transaction timeout"
       assert messages(chat) == []
       assert lock(:chat, chat) |> elem(0) == "turn-2"
       assert lock(:user, user) |> elem(0) == turn
@@ -290,16 +294,22 @@ defmodule PhoenixKitAgent.Turns.TransactionTest do
       assert took >= 1_000 and took < 5_000, "gave up after #{took} ms"
     end
 
-    test "a statement of fun that runs longer than the lease is cancelled" do
-      ids = turn!()
+    test "a statement of fun that runs longer than the lease is cancelled (before " <>
+           "PostgreSQL 17), or the transaction ended (from 17, its transaction_timeout)" do
+      {chat, _user, _turn} = ids = turn!()
+      sleep = fn repo -> {write!(repo, ids), repo.query("SELECT pg_sleep(30)", [], [])} end
 
-      assert {:ok, {:error, %SandboxRepo.Error{postgres: %{pg_code: "57014"}}}} =
-               Locks.transaction(
-                 SandboxRepo,
-                 ids,
-                 fn repo -> repo.query("SELECT pg_sleep(30)", [], []) end,
-                 lease_s: 1
-               )
+      if pg17?() do
+        error = catch_exit(Locks.transaction(SandboxRepo, ids, sleep, lease_s: 1))
+        assert inspect(error) =~ "noproc" or inspect(error) =~ "25P04"
+      else
+        assert {:ok, {:written, {:error, %SandboxRepo.Error{postgres: %{pg_code: "57014"}}}}} =
+                 Locks.transaction(SandboxRepo, ids, sleep, lease_s: 1)
+      end
+
+      # Before 17 the cancelled statement alone was rolled back (the repo's
+      # savepoint); from 17 the write went with the transaction.
+      assert messages(chat) == if(pg17?(), do: [], else: [[elem(ids, 2)]])
     end
 
     test "transaction/4's :lease_s is whole seconds" do
