@@ -345,6 +345,8 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   end
 
   @stalled "locks_test_stalled_users"
+  # The advisory lock a stalled insert holds until its transaction ends.
+  @stalled_mark 424_242
 
   @doc """
   Keeps the insert of `user`'s (or each of a list of users') new settings
@@ -352,7 +354,8 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
   `unstall!/1`: a lock call that creates it (`acquire/4` or
   `acquire_user/4` of a user with no row) runs on, holding its pool slot and
   the chat's row, without waiting for any lock (a trigger loops on
-  `pg_sleep`, wait event `PgSleep`, while `user` is listed). The lock
+  `pg_sleep` while `user` is listed, holding a transaction-level advisory
+  lock that marks its backend: `stalled_backends/2`). The lock
   statements do not wait for a row another session holds, so this is how a
   test keeps a call busy at the server. The trigger, made by the first call,
   lives on (as the test database does); it only slows the listed users.
@@ -369,6 +372,9 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
       CREATE OR REPLACE FUNCTION #{@stalled}() RETURNS trigger LANGUAGE plpgsql
         SECURITY DEFINER SET search_path = pg_catalog, public AS $$
       BEGIN
+        IF EXISTS (SELECT 1 FROM #{@stalled} WHERE user_uuid = NEW.user_uuid) THEN
+          PERFORM pg_advisory_xact_lock_shared(#{@stalled_mark});
+        END IF;
         WHILE EXISTS (SELECT 1 FROM #{@stalled} WHERE user_uuid = NEW.user_uuid) LOOP
           PERFORM pg_sleep(0.005);
         END LOOP;
@@ -398,12 +404,17 @@ defmodule PhoenixKitAgent.Turns.Locks.TestDB do
     :ok
   end
 
-  @doc "The backends of `application_name` that a `stall!/2` keeps waiting (on `url`'s cluster)."
+  @doc """
+  The backends of `application_name` that a `stall!/2` keeps waiting (on
+  `url`'s cluster): those holding its mark, whether in `pg_sleep` or between
+  two of its sleeps.
+  """
   def stalled_backends(application_name, url \\ url()) do
     query!(
       """
-      SELECT pid FROM pg_stat_activity
-      WHERE application_name = '#{application_name}' AND wait_event = 'PgSleep'
+      SELECT a.pid FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid
+      WHERE a.application_name = '#{application_name}' AND l.granted
+        AND l.locktype = 'advisory' AND l.classid = 0 AND l.objid = #{@stalled_mark}
       """,
       url
     )
