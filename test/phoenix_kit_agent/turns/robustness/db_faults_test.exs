@@ -11,7 +11,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
 
   alias PhoenixKitAgent.Turns.Locks
   alias PhoenixKitAgent.Turns.Locks.{Error, TestDB}
-  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg}
+  alias PhoenixKitAgent.Turns.Locks.Robust.{Node, Pg, Race}
   alias PhoenixKitAgent.Turns.Locks.Robust.Scenarios.Faults
 
   @moduletag :robustness
@@ -130,8 +130,12 @@ defmodule PhoenixKitAgent.Turns.Robustness.DbFaultsTest do
 
       assert result.bystanders_alive
 
-      # Back up: the same node (no application restart) serves every call.
+      # Back up: the same node (no application restart) serves every call,
+      # once the connect back-off's pause (2 s at most) has run out.
       :ok = Pg.restart!(dir)
+      probe = [hd(load_chats), hd(load_users), "probe"]
+      serving? = fn -> Node.call(node, Race, :attempt, [:held?, probe]) == {:ok, false} end
+      assert Faults.until(serving?, 5_000) == :ok
       assert_serves(node, load_chats, load_users, "after")
 
       # Every lock committed before the crash is still there, and still held.
