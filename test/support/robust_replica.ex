@@ -2,7 +2,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Replica do
   @moduledoc false
   # A primary and its streaming standby, for the failover tests: two
   # clusters of the test module's own, made anew for each test, in
-  # `_build/pg-failover-a` and `_build/pg-failover-b`, laid out as scripts/pg
+  # /var/tmp (fresh_dir!/1), laid out as scripts/pg
   # lays one out (data/, port, sock/, server.log) so that `scripts/pg stop`
   # and `scripts/servers stop` stop either. The primary is started by
   # `scripts/pg start` (which lists it in LOCKS_PG_REGISTRY); the standby is
@@ -142,8 +142,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.Replica do
 
   def password, do: @password
 
+  # In /var/tmp, named after this checkout: the postgres user must reach the
+  # directory, which it cannot under a private parent (root's home, a
+  # `mktemp -d` folder), and pg_basebackup and pg_ctl run as postgres with
+  # its path (scripts/pg puts its own clusters there for the same reason).
   defp fresh_dir!(name) do
-    dir = Path.expand(Path.join("_build", name))
+    checkout = File.cwd!() |> :erlang.phash2() |> Integer.to_string()
+    dir = Path.join("/var/tmp", "phoenix_kit_agent_locks-#{name}-#{checkout}")
     :ok = stop_if_running(dir)
     {_, 0} = run(["rm", "-rf", dir])
     File.mkdir_p!(dir)
