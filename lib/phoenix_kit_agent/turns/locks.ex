@@ -8,24 +8,17 @@ defmodule PhoenixKitAgent.Turns.Locks do
   their chats. A click on a confirmation card takes the user's lock alone
   (`acquire_user/4`).
 
-  A lock is taken by one atomic statement only when it is free
-  (`busy_turn_ref` names no holder) or its `busy_since` is older than the
-  caller's TTL, so the locks of a node that went down free themselves, with
-  no cleanup job. Every time is the database's `now()`. Only the holder's ref
-  frees or re-dates a lock; taking it again with that ref succeeds and
-  re-dates it.
-
-  Every call is one statement on a pooled connection, run on a dirty-I/O
-  scheduler, at most `pool_size` at once. A refusal is a return value; a
-  failure to answer (no database, a timeout) raises
-  `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
-  statement may have run; a bad argument raises `ArgumentError` before
-  anything is sent. No call waits long for a row that another session's
-  transaction holds: a taker answers busy at once, and a holder's own write
-  raises `:row_locked` after 250 ms (guides/operating.md, "Row locks and
-  stalls"). guides/operating.md describes the configuration and operation;
-  guides/testing.md the mode in which a host's tests run every call through
-  their repo, inside the Ecto SQL Sandbox (`testing: :sandbox`).
+  A lock is taken by one atomic statement only when it is free or older than
+  the caller's TTL (by the database's `now()`), so the locks of a node that
+  went down free themselves; only the holder's ref frees or re-dates it.
+  Each call is one statement on a pooled connection, on a dirty-I/O
+  scheduler. A refusal is a return value; a bad argument raises
+  `ArgumentError` before anything is sent; a call that cannot be answered
+  raises `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
+  statement may have run. No call waits long on a row another session
+  holds: a taker answers busy at once, a holder's own write raises
+  `:row_locked` after 250 ms. Configuring, operating and testing a host: the guides under
+  `guides/` (README.md, "Guides").
 
   ## Arguments
 
@@ -184,54 +177,27 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   Runs `fun` as a turn on a short lease: takes both locks under a new turn
-  ref (`acquire/5`), keeps the lease alive while `fun` runs and releases
-  both locks when `fun` returns, raises, throws or exits. A turn learns it
-  lost its lease before another node can take it over (the assumptions are
-  in `PhoenixKitAgent.Turns.Locks.Turn`).
+  ref (`acquire/5`), renews them with `keep/5` every `lease_s / 3` from a
+  supervised keeper process, and releases them when `fun` returns, raises,
+  throws or exits (or the caller dies). `fun` gets the turn
+  (`PhoenixKitAgent.Turns.Locks.Turn`). A turn learns it lost its lease
+  before another node can take it over: `lost?/1` turns `true` and the
+  caller is sent `{:turn_lock_lost, ref}` once; it must then stop, as one
+  whose `held?/3` answered `false`. The protocol, its assumptions and every
+  ending: guides/leases.md.
 
-  Answers:
+  Answers `{:ok, result}` (the turn ended holding its locks), `{:lost,
+  result}` (it knows, or cannot tell, that it did not) or `acquire/4`'s
+  `{:error, reason}` without running `fun`. Raises
+  `PhoenixKitAgent.Turns.Locks.Error` as `acquire/4` does, and with
+  `:not_started` when the application is not running or stops during the
+  acquire (whatever was taken is released); it never exits because of the
+  library's processes.
 
-    * `{:ok, result}`: `fun` returned within the lease and no renewal
-      answered that the locks were lost: the turn ended holding them (no
-      round trip is made to ask);
-    * `{:lost, result}`: the turn knows it lost them: `lost?/1` is `true`
-      and `{:turn_lock_lost, ref}` was sent to the calling process, once. An
-      ending that cannot tell (its keeper ended, its last renewal is not
-      confirmed in time) answers this too;
-    * `{:error, reason}`: `acquire/4`'s refusal, without running `fun`.
-
-  A turn's writes go through `transaction/4` (the README's example).
-
-  It raises `PhoenixKitAgent.Turns.Locks.Error` as `acquire/4` does when the
-  locks cannot be taken, and with reason `:not_started` when the application
-  is not running or stops while the locks are being taken (whatever was
-  taken is released). It never exits because of the library's processes.
-
-  `fun` gets the `PhoenixKitAgent.Turns.Locks.Turn`. A keeper process
-  (supervised by the library) takes the locks for the caller, renews them
-  with `keep/5` every `lease_s / 3`, retrying within the lease after an
-  error. The turn is lost when a renewal answers `false` (another turn took
-  a lock over), when the lease's local deadline passes with no renewal
-  confirmed, or when the keeper stops before the turn ends (the application
-  stops, the keeper is killed): `lost?/1` answers `true` from then on and
-  the calling process is sent `{:turn_lock_lost, ref}` once. The turn must
-  stop, as one whose `held?/3` answered `false`. If the calling process
-  dies, even during the acquire, the keeper releases the locks; if the node
-  dies, they free themselves `lease_s` after the last renewal. A release
-  that fails is tried again within the lease, then logged.
-
-  ## Options
-
-    * `:ttl_s` (required): the TTL every taker of these locks uses, as for
-      `acquire/4`, whole seconds (the host's turn TTL);
-    * `:lease_s`: how long the locks outlive their last renewal, whole
-      seconds from 1 to `ttl_s`. The locks are dated back by `ttl_s -
-      lease_s`, so `acquire/4`, `fresh?/3`, `release_stale/4` and
-      `held_locks/1` with `ttl_s` see them free (stale) `lease_s` after the
-      last renewal. Defaults to `ttl_s`;
-    * `:wait_ms`: how long to keep trying while the locks are refused, with
-      a back-off of 50 ms doubling to 1 s, each pause shortened at random by
-      up to a quarter. Defaults to `0`: one try.
+  Options: `:ttl_s` (required), the TTL every taker of these locks uses;
+  `:lease_s`, how long the locks outlive their last renewal (1 to `ttl_s`,
+  the default); `:wait_ms`, how long to try again while refused (a back-off
+  of 50 ms doubling to 1 s; default `0`, one try).
 
       Locks.with_turn(chat, user, [ttl_s: 600, lease_s: 15], fn turn ->
         for round <- rounds, not Locks.lost?(turn), do: run(round)
@@ -252,51 +218,24 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @type turn :: Turn.t() | {String.t(), String.t(), String.t()}
 
   @doc """
-  Runs `fun` in a transaction of the host's Ecto `repo` (`repo.transaction/2`
-  with `opts`) that commits only while `turn` holds both its locks: a fenced
-  transaction. `turn` is `with_turn/4`'s turn, or `{conversation_uuid,
-  user_uuid, turn_ref}`. `fun` takes no argument, or the repo, as in Ecto.
-  `repo` must reach the database of the lock rows (the repo the library
-  takes its connection from does); the fence names the tables as the lock
-  calls do, under the `prefix` setting.
-
-  Its first statement, before `fun` runs, takes the chat's and the user's
-  lock rows `FOR SHARE`, each only where `busy_turn_ref` is the turn's (the
-  rule of `held?/3`). Answers:
-
-    * `{:ok, value}`: the turn held both locks and `fun` returned `value`;
-      its writes are committed;
-    * `{:error, :lost}`: the turn no longer held both, `fun` did not run and
-      nothing was written;
-    * `{:error, value}`: `fun` called `repo.rollback(value)`, as in Ecto
-      (roll back with another value than `:lost`, to tell the two apart).
-
-  An exception in `fun` rolls the transaction back and is raised again, as
-  `repo.transaction/2` does; a fence the repo cannot run raises
-  `PhoenixKitAgent.Turns.Locks.Error` (`:statement` with its `:sqlstate`, as
-  a lock call's). Under `testing: :sandbox` it runs the same way inside the
-  test's transaction.
-
-  **The guarantee.** No write of `fun` commits after another turn (or a
+  Runs `fun` in a transaction of the host's Ecto `repo`
+  (`repo.transaction(fun, opts)`) that commits only while `turn` holds both
+  its locks: a fenced write. `turn` is `with_turn/4`'s turn or
+  `{conversation_uuid, user_uuid, turn_ref}`; `fun` takes no argument or the
+  repo. Its first statement takes both lock rows `FOR SHARE` where the turn
+  still holds them, so no write of `fun` commits after another turn (or a
   click, `release/3`, `release_stale/4`) took either lock, however long the
-  turn was paused before it wrote; no clock is read. While the transaction
-  is open nobody can write the two rows, the turn's own renewal included
-  (`keep/5` raises `:row_locked` and `with_turn/4` tries again): keep it
-  short, and make model calls outside it.
+  turn was paused. Answers `{:ok, value}`, `{:error, :lost}` (`fun` did not
+  run) or `{:error, value}` after `repo.rollback(value)`; an exception in
+  `fun` rolls back and is raised again.
 
-  **The bound.** The fence sets `lock_timeout`, `statement_timeout`,
-  `idle_in_transaction_session_timeout` and (PostgreSQL 17 on)
-  `transaction_timeout` to the lease for the rest of the transaction, so a
-  `fun` or a VM that stalls has it ended by the server a lease after it
-  went idle (from 17, a lease after the fence, busy or not): its writes
-  roll back and the commit raises the repo's error for a lost connection
-  (`25P03`, or from 17 `25P04`).
-  Option `lease_s:` (whole seconds, taken out of `opts`): the turn's
-  `lease_s`, or 15 for `{conversation_uuid, user_uuid, turn_ref}`; not set
-  under `testing: :sandbox`. The details: guides/fenced-writes.md.
+  Keep it short: while it is open nobody writes the two rows, the turn's own
+  renewal included. The server ends a transaction that stalls a lease after
+  it went idle (`lease_s:`, taken out of `opts`: the turn's, or 15 for a
+  tuple; not set under `testing: :sandbox`). The guarantee, the bound and
+  their costs: guides/fenced-writes.md.
 
       {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
-      {:error, :lost} = Locks.transaction(Repo, {chat, user, "turn-1"}, fn -> … end, lease_s: 5)
   """
   # `fun` of any arity in the spec: `(-> result)` is written differently by
   # Elixir 1.14's formatter and 1.18's, and the guard takes 0 or 1 alone.
@@ -347,20 +286,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defdelegate lost?(turn), to: Turn
 
   @doc """
-  Every lock taken, the oldest first (at most 1000): for an operator to see
-  what is stuck. Each is a map with `:kind` (`:chat` or `:user`), `:uuid`,
-  `:ref` (the holder), `:since` (a UTC `DateTime`), `:age_s` (seconds, by
-  the database's clock) and `:stale` (whether it may be taken over under
-  `ttl_s`). `mix locks.held` prints it as a table.
-
-  A lock whose age is unknown is listed first, with `since: nil`, `age_s:
-  nil` and `stale: true`: one with no `busy_since`, and one whose
-  `busy_since` a `DateTime` cannot hold (`infinity`, `-infinity`, a year
-  past 9999), which a host's own writes may leave. There `stale: true`
-  asks for a look rather than promising a take-over: a lock with no
-  `busy_since` or dated `-infinity` is taken over by the next `acquire/4`,
-  one dated `infinity` or past 9999 never is (`release/3` under its ref
-  frees it). No row makes this raise.
+  Every lock taken, the oldest first (at most 1000), for an operator to see
+  what is stuck; `mix locks.held` prints it as a table. `:age_s` is by the
+  database's clock, `:stale` whether it may be taken over under `ttl_s`. A
+  lock whose age is unknown (no `busy_since`, or one a `DateTime` cannot
+  hold) comes first, with `since: nil`, `age_s: nil` and `stale: true`
+  (guides/operating.md, "Observability"). No row makes this raise.
 
       Locks.held_locks(120)
       # => [%{kind: :chat, uuid: "6f1c…", ref: "turn-1", since: ~U[…], age_s: 3.2, stale: false}, …]
@@ -386,14 +317,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc """
-  What the library is doing: `:pool` (`:size`, the calls that may run at
-  once; `:running`; `:waiting` in line for a slot; the pool's
-  `:connections` and those `:idle`), `:calls` (by function, the count of
-  each outcome: `:ok`, `true` and `false` apart, each refusal reason, each
-  error reason) and `:latency` (by function:
-  `:calls`, `:p50_us`, `:p99_us`, `:max_us`, the upper bounds of
-  power-of-two buckets), since the VM started. Raises `:not_started`
-  without a pool.
+  What the library is doing: `:pool` (`:size`, `:running`, `:waiting`,
+  `:connections`, `:idle`), and by function the `:calls` of each outcome and
+  their `:latency` (`:p50_us`, `:p99_us`, `:max_us`) since the VM started
+  (guides/operating.md, "Observability"). Raises `:not_started` without a pool.
   """
   @spec status() :: %{pool: map(), calls: map(), latency: map()}
   def status, do: Map.put(Observe.counts(), :pool, Native.status())

@@ -59,41 +59,38 @@ pub(crate) fn values(row: &tokio_postgres::Row) -> Result<Vec<Value>> {
 
 impl Row for Vec<Value> {
     fn bool(&self, i: usize) -> Result<bool> {
-        match self.get(i) {
-            Some(Value::Bool(yes)) => Ok(*yes),
-            other => Err(not_a("boolean", i, other)),
-        }
+        let yes =
+            cell(self, i, "boolean", |v| if let Value::Bool(b) = v { Some(*b) } else { None });
+        yes?.ok_or_else(|| Error::unexpected(format!("column {i} is Null, not a boolean")))
     }
 
     fn text(&self, i: usize) -> Result<Option<&str>> {
-        match self.get(i) {
-            Some(Value::Null) => Ok(None),
-            Some(Value::Text(text)) => Ok(Some(text)),
-            other => Err(not_a("string", i, other)),
-        }
+        cell(self, i, "string", |v| if let Value::Text(t) = v { Some(t.as_str()) } else { None })
     }
 
     fn int(&self, i: usize) -> Result<Option<i64>> {
-        match self.get(i) {
-            Some(Value::Null) => Ok(None),
-            Some(Value::Int(n)) => Ok(Some(*n)),
-            other => Err(not_a("integer", i, other)),
-        }
+        cell(self, i, "integer", |v| if let Value::Int(n) = v { Some(*n) } else { None })
     }
 
     fn float(&self, i: usize) -> Result<Option<f64>> {
-        match self.get(i) {
-            Some(Value::Null) => Ok(None),
-            Some(Value::Float(x)) => Ok(Some(*x)),
-            other => Err(not_a("float", i, other)),
-        }
+        cell(self, i, "float", |v| if let Value::Float(x) = v { Some(*x) } else { None })
     }
 }
 
-fn not_a(expected: &str, i: usize, found: Option<&Value>) -> Error {
-    match found {
-        Some(value) => Error::unexpected(format!("column {i} is {value:?}, not a {expected}")),
-        None => Error::unexpected(format!("no column {i}")),
+/// Column `i` of `row` as `pick` reads it (`None` for NULL), or why not:
+/// no such column, or a value `pick` does not take (not an `expected`).
+fn cell<'a, T>(
+    row: &'a [Value],
+    i: usize,
+    expected: &str,
+    pick: impl FnOnce(&'a Value) -> Option<T>,
+) -> Result<Option<T>> {
+    match row.get(i) {
+        None => Err(Error::unexpected(format!("no column {i}"))),
+        Some(Value::Null) => Ok(None),
+        Some(value) => pick(value)
+            .map(Some)
+            .ok_or_else(|| Error::unexpected(format!("column {i} is {value:?}, not a {expected}"))),
     }
 }
 

@@ -16,9 +16,7 @@
 //! As in libpq, `require` does not check the certificate: it guards against
 //! eavesdropping, not against a server that impersonates the database.
 
-use std::future::Future;
 use std::io;
-use std::pin::Pin;
 use std::sync::Arc;
 
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -32,7 +30,7 @@ use rustls::pki_types::{
 use rustls::{
     CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
 };
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use crate::connect::Socket;
@@ -175,48 +173,30 @@ pub(crate) struct MakeTls {
 
 impl MakeTlsConnect<Socket> for MakeTls {
     type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
-    type TlsConnect = Handshake<<MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect>;
+    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
     type Error = std::convert::Infallible;
 
     fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
         let name = self.name.as_deref().unwrap_or(host);
-        let Ok(connect) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner, name);
-        Ok(Handshake(connect))
+        MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner, name)
     }
 }
 
-/// rustls' handshake, whose refusal of a certificate says how to trust it
-/// or, to keep what an older Postgrex did, not to check it ([`HINT`]).
-pub(crate) struct Handshake<T>(T);
+/// What a connect error `err` adds to its own text: for a certificate rustls
+/// refused, how to trust it or, to keep what an older Postgrex did, not to
+/// check it; else nothing.
+pub(crate) fn hint(err: &tokio_postgres::Error) -> &'static str {
+    let io = std::error::Error::source(err).and_then(|e| e.downcast_ref::<io::Error>());
+    match io.and_then(io::Error::get_ref).and_then(|e| e.downcast_ref::<rustls::Error>()) {
+        Some(rustls::Error::InvalidCertificate(_)) => HINT,
+        _ => "",
+    }
+}
 
 /// Appended to a refused certificate's error.
-pub(crate) const HINT: &str = "(checked as Postgrex 0.18 and later check it: name its CA with \
+pub(crate) const HINT: &str = " (checked as Postgrex 0.18 and later check it: name its CA with \
     the repo's cacerts:/cacertfile: or ssl_ca_file; verify: :verify_none in the repo's ssl \
     options, or sslmode: :require, connects without checking it, as older Postgrex did)";
-
-impl<S, T> TlsConnect<S> for Handshake<T>
-where
-    T: TlsConnect<S, Error = io::Error>,
-    T::Future: Send + 'static,
-{
-    type Stream = T::Stream;
-    type Error = io::Error;
-    type Future = Pin<Box<dyn Future<Output = io::Result<T::Stream>> + Send>>;
-
-    fn connect(self, stream: S) -> Self::Future {
-        let handshake = self.0.connect(stream);
-        Box::pin(async move {
-            handshake.await.map_err(|err| {
-                match err.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
-                    Some(refused @ rustls::Error::InvalidCertificate(_)) => {
-                        io::Error::new(err.kind(), format!("{refused} {HINT}"))
-                    }
-                    _ => err,
-                }
-            })
-        })
-    }
-}
 
 fn pem_cause(err: &rustls::pki_types::pem::Error) -> String {
     match err {
