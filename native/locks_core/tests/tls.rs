@@ -13,6 +13,10 @@
 //! the same server shows what `verify_full` checks that `verify_ca` does not.
 //! The role `locks_cert` logs in with a client certificate alone
 //! (`hostssl … cert`: its CN, signed by the same CA, is the user).
+//!
+//! One test needs no server (it never calls `cluster()`): a CA file is read
+//! when the pool is built, before any connection (moved from the unit test
+//! of tls.rs, through `LockPool::new`).
 
 mod common;
 
@@ -399,4 +403,26 @@ fn a_client_certificate_logs_in_the_user_that_needs_one() {
         ..bare
     };
     assert_eq!(call(ders).ok(), Some(false));
+}
+
+/// Why a pool (for a server it never reaches) in `mode`, trusting
+/// `ca_file`, cannot be built; `None` when it is.
+fn refusal(mode: SslMode, ca_file: Option<&str>) -> Option<String> {
+    let settings = with("postgres://u:p@localhost:5432/d", mode, ca_file.map(str::to_owned));
+    LockPool::new(settings).err().map(|e| e.to_string())
+}
+
+/// A CA file that holds no certificate stops the pool from being built,
+/// named in the message; with `disable` no CA file is read at all (one that
+/// does not exist passes). No server: building a pool connects to none.
+#[test]
+fn a_ca_file_is_refused_when_it_holds_no_certificate_and_not_read_with_disable() {
+    assert_eq!(refusal(SslMode::Disable, Some("/nonexistent/ca.pem")), None);
+    let empty = std::env::temp_dir().join(format!("locks-empty-ca-{}.pem", std::process::id()));
+    fs::write(&empty, "not a certificate\n").expect("temp file");
+    let err = refusal(SslMode::VerifyCa, empty.to_str());
+    let _ = fs::remove_file(&empty);
+    let expected =
+        format!("invalid configuration: ssl_ca_file: {empty:?} holds no PEM certificate");
+    assert_eq!(err, Some(expected));
 }
