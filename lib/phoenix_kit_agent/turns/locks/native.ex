@@ -30,28 +30,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
     end
   end
 
-  def start(_config), do: :erlang.nif_error(not_loaded())
-  def stop, do: :erlang.nif_error(not_loaded())
   def loaded, do: false
-  def rules, do: :erlang.nif_error(not_loaded())
-  def ddl(_kind, _prefix), do: :erlang.nif_error(not_loaded())
-  def setup(_kind), do: :erlang.nif_error(not_loaded())
-  # Locks.transaction/4's fence, for the pool's tables and for the repo mode's.
-  def fence_sql, do: :erlang.nif_error(not_loaded())
-  def repo_fence_sql, do: :erlang.nif_error(not_loaded())
 
-  # A lock call (call.rs): its stamp (monotonic ns), the Locks function, its checked args.
-  def enter(_start, _function, _args), do: :erlang.nif_error(not_loaded())
-  def run(_start, _function, _args), do: :erlang.nif_error(not_loaded())
-  def leave, do: :erlang.nif_error(not_loaded())
-  def status, do: :erlang.nif_error(not_loaded())
-  def functions, do: :erlang.nif_error(not_loaded())
-
+  # The library's functions, each a stub here: the pool's start/1 and stop/0,
+  # its rules, the DDL, Locks.transaction/4's fence (for the pool's tables and
+  # for the repo mode's); a lock call (call.rs: its stamp in monotonic ns, the
+  # Locks function, its checked args), the queue's leave/0, status/0; and
   # testing: :sandbox (native/locks_nif/src/repo.rs, run by Locks.Sandbox).
-  def repo_start(_prefix), do: :erlang.nif_error(not_loaded())
-  def repo_step(_function, _args), do: :erlang.nif_error(not_loaded())
-  def repo_columns(_rows), do: :erlang.nif_error(not_loaded())
-  def repo_answer(_function, _args, _rows), do: :erlang.nif_error(not_loaded())
+  @nifs [start: 1, stop: 0, rules: 0, ddl: 2, setup: 1, fence_sql: 0, repo_fence_sql: 0] ++
+          [enter: 3, run: 3, leave: 0, status: 0, functions: 0] ++
+          [repo_start: 1, repo_step: 2, repo_columns: 1, repo_answer: 3]
+
+  for {name, arity} <- @nifs do
+    args = for n <- 1..arity//1, do: Macro.var(:"_arg#{n}", __MODULE__)
+    def unquote(name)(unquote_splicing(args)), do: :erlang.nif_error(not_loaded())
+  end
 
   # The exception a stub raises. Raised by `:erlang.nif_error/1`, as rustler's
   # stubs are, so that Elixir's type checker (1.18 on) reads a stub's result
