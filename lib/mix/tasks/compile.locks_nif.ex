@@ -7,7 +7,6 @@ defmodule Mix.Tasks.Compile.LocksNif do
 
   use Mix.Task.Compiler
 
-  alias Mix.Task.Compiler.Diagnostic
   alias Mix.Tasks.Compile.LocksNif.Prebuilt
 
   @app :phoenix_kit_agent_locks
@@ -35,8 +34,7 @@ defmodule Mix.Tasks.Compile.LocksNif do
         "replace a loaded NIF): what runs in this VM runs the old native code; " <>
         "run the command again, or restart the VM"
 
-    Mix.shell().error("locks_nif: warning: " <> message)
-    {:ok, [diagnostic(message, :warning)]}
+    {:ok, [report(message, :warning)]}
   end
 
   def stale(result, _running?, _dest), do: result
@@ -214,13 +212,13 @@ defmodule Mix.Tasks.Compile.LocksNif do
     end
   end
 
-  defp error(message) do
-    Mix.shell().error("locks_nif: " <> message)
-    {:error, [diagnostic(message, :error)]}
-  end
+  defp error(message), do: {:error, [report(message, :error)]}
 
-  defp diagnostic(message, severity) do
+  # Printed, and returned as the compiler's diagnostic.
+  defp report(message, severity) do
+    label = if severity == :warning, do: "warning: "
+    Mix.shell().error("locks_nif: #{label}#{message}")
     where = [compiler_name: "locks_nif", file: "native/locks_nif", position: nil]
-    struct!(Diagnostic, where ++ [message: message, severity: severity])
+    struct!(Mix.Task.Compiler.Diagnostic, where ++ [message: message, severity: severity])
   end
 end

@@ -2,19 +2,15 @@ defmodule Mix.Tasks.Locks.Held do
   @shortdoc "Prints the locks taken (chats and users), the oldest first"
   @moduledoc """
   Prints every lock taken in the configured database, the oldest first, as
-  `PhoenixKitAgent.Turns.Locks.held_locks/1` lists them: what is stuck, and
-  since when. `--ttl` (seconds, default 120): older locks are shown as stale
-  (they may be taken over). A lock whose `busy_since` is missing or cannot
-  be shown (`infinity`, a year past 9999) is listed first, its age
-  `unknown`, as stale.
+  `PhoenixKitAgent.Turns.Locks.held_locks/1` lists them (a bad row first, its
+  age `unknown`, as stale): what is stuck, and since when. `--ttl` (seconds,
+  default 120): older locks are shown as stale (they may be taken over).
 
       mix locks.held            # stale: older than 120 s
       mix locks.held --ttl 900  # the TTL your turns use
 
-  Starts the library alone (not the host's applications) on the host's
-  configuration. An ordinary error (nothing configured, a bad setting or
-  `--ttl`, a database that refuses or cannot be reached) stops it with one
-  line that says what to set or fix, and no stack trace.
+  It starts the library alone, and stops an ordinary error with one line
+  that says what to set or fix (guides/operating.md, "Schema and migrations").
   """
 
   use Mix.Task
