@@ -49,9 +49,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     "prefer-standby" => :secondary
   }
 
-  # Two fields that say the same in two forms (a file, DER): a layer that
-  # sets either replaces both of the layer below's.
-  @ssl_alternatives [
+  # Fields that a layer sets or replaces together (over/2): the server (a host,
+  # endpoints or a socket directory), and each of three that say the same in
+  # two forms (a file, DER).
+  @together [
+    @servers,
     [:ssl_ca_file, :ssl_cacerts],
     [:ssl_cert_file, :ssl_cert],
     [:ssl_key_file, :ssl_key]
@@ -138,17 +140,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     schedulers - 2
   end
 
-  # `top` over `base`: a host, endpoints or socket directory in `top` replaces all
-  # of `base`'s.
+  # `top` over `base`: a field of a @together group in `top` replaces all of
+  # `base`'s group (a host, endpoints or socket directory all of its server).
   defp over(top, base) do
-    base = if located?(top), do: Keyword.drop(base, @servers), else: base
-
-    base =
-      Enum.reduce(@ssl_alternatives, base, fn pair, base ->
-        if Enum.any?(pair, &(top[&1] != nil)), do: Keyword.drop(base, pair), else: base
-      end)
-
-    Keyword.merge(base, top)
+    replaced = for group <- @together, Enum.any?(group, &(top[&1] != nil)), do: group
+    Keyword.merge(Keyword.drop(base, List.flatten(replaced)), top)
   end
 
   defp located?(connection), do: Enum.any?(@servers, &(connection[&1] != nil))
