@@ -39,15 +39,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # A server that takes writes, or whichever takes the connection; Postgrex's
   # :secondary is refused: a standby refuses every lock call but the reads.
   @target_server_types [:primary, :any]
-  # libpq's target_session_attrs, as target_server_type.
-  @session_attrs %{
-    "read-write" => :primary,
-    "primary" => :primary,
-    "any" => :any,
-    "read-only" => :secondary,
-    "standby" => :secondary,
-    "prefer-standby" => :secondary
-  }
+  # libpq's target_session_attrs, as target_server_type; its standby values
+  # (read-only, standby, prefer-standby) are refused as they are, as :secondary is.
+  @session_attrs %{"read-write" => :primary, "primary" => :primary, "any" => :any}
 
   # Fields that a layer sets or replaces together (over/2): the server (a host,
   # endpoints or a socket directory), and each of three that say the same in
