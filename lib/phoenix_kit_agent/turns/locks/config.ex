@@ -460,24 +460,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     at = &"#{name}[#{inspect(&1)}]"
 
     for {key, _} <- opts, key not in @ssl_options, do: bad!(at.(key), unknown_ssl(key))
-    opts = for {key, value} <- opts, value != nil, do: {key, check_ssl!(key, value, at.(key))}
-    https?(opts[:customize_hostname_check], at.(:customize_hostname_check))
+    opts = for {key, value} <- opts, value != nil, do: {key, ssl_option!(key, value, at.(key))}
 
-    ca =
-      cond do
-        opts[:cacerts] -> [ssl_cacerts: ders!(opts[:cacerts], at.(:cacerts))]
-        opts[:cacertfile] -> [ssl_ca_file: chars(opts[:cacertfile])]
-        true -> []
-      end
+    # The CA and the client certificate, as :ssl reads them: cacerts: over
+    # cacertfile:, cert: (DER, or a list: the chain) over certfile:, key:
+    # ({type, DER}) over keyfile:, and a certfile: without a key is read for
+    # its key too.
+    ca = first(opts, cacerts: :ssl_cacerts, cacertfile: :ssl_ca_file)
 
-    {mode, server} =
-      case opts[:server_name_indication] do
-        nil -> {:verify_full, []}
-        :disable -> {:verify_ca, []}
-        sni -> {:verify_full, [ssl_server_name: chars(sni)]}
-      end
+    client =
+      first(opts, cert: :ssl_cert, certfile: :ssl_cert_file) ++
+        first(opts, key: :ssl_key, keyfile: :ssl_key_file, certfile: :ssl_key_file)
 
-    client = client_certificate!(opts, at)
+    sni = opts[:server_name_indication]
+    server = if is_binary(sni), do: [ssl_server_name: sni], else: []
 
     cond do
       opts[:verify] == :verify_none ->
@@ -493,16 +489,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
             "true did before Postgrex 0.18, and ssl_opts: on OTP 25)"
         )
 
+      sni == :disable ->
+        [sslmode: :verify_ca] ++ ca ++ client
+
       true ->
-        [sslmode: mode] ++ ca ++ server ++ client
+        [sslmode: :verify_full] ++ ca ++ server ++ client
     end
   end
 
-  defp check_ssl!(key, value, name)
-       when key in [:verify, :cacertfile, :certfile, :keyfile, :server_name_indication],
-       do: check!(key, value, name)
+  # An :ssl option's value, checked, as the library's field takes it (a path
+  # or a host name as a string).
+  defp ssl_option!(:cacerts, certs, name), do: ders!(certs, name)
+  defp ssl_option!(:cert, cert, name), do: ders!(List.wrap(cert), name)
+  defp ssl_option!(:key, key, name), do: key!(key, name)
+  defp ssl_option!(:customize_hostname_check, check, name), do: https!(check, name)
+  defp ssl_option!(key, value, name), do: chars(check!(key, value, name))
 
-  defp check_ssl!(_key, value, _name), do: value
+  # The first of `options` (option: field) that `opts` sets, as its field.
+  defp first(opts, options) do
+    Enum.find_value(options, [], fn {option, field} -> opts[option] && [{field, opts[option]}] end)
+  end
 
   defp unknown_ssl(:verify_fun),
     do:
@@ -520,11 +526,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   # The HTTPS match, Postgrex's default (wildcards in the certificate's
   # names), is what rustls does; `[]`, :ssl's own, is taken as it.
-  defp https?(nil, _name), do: :ok
-  defp https?([], _name), do: :ok
-
-  defp https?(check, name) do
-    unless check == [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)],
+  defp https!(check, name) do
+    unless check in [[], [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]],
       do:
         bad!(
           name,
@@ -532,28 +535,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
             "does (Postgrex's default): remove it, or write [match_fun: " <>
             ":public_key.pkix_verify_hostname_match_fun(:https)]"
         )
-  end
 
-  # :ssl's client certificate: cert: (DER, or a list: the chain) over
-  # certfile:, key: ({type, DER}) over keyfile:, and a certfile: without a
-  # key is read for its key too, as :ssl reads it.
-  defp client_certificate!(opts, at) do
-    cert =
-      cond do
-        opts[:cert] -> [ssl_cert: ders!(List.wrap(opts[:cert]), at.(:cert))]
-        opts[:certfile] -> [ssl_cert_file: chars(opts[:certfile])]
-        true -> []
-      end
-
-    key =
-      cond do
-        opts[:key] -> [ssl_key: key!(opts[:key], at.(:key))]
-        opts[:keyfile] -> [ssl_key_file: chars(opts[:keyfile])]
-        opts[:certfile] -> [ssl_key_file: chars(opts[:certfile])]
-        true -> []
-      end
-
-    cert ++ key
+    check
   end
 
   defp key!({type, der}, name) when is_map_key(@key_formats, type) and is_binary(der) do
