@@ -560,17 +560,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       do: bad!(name, "must be a list of DER certificates" <> got(:cacerts, certs))
 
     for {cert, n} <- Enum.with_index(certs, 1) do
-      der =
-        case cert do
-          {:cert, der, _otp} when is_binary(der) ->
-            der
+      der = with {:cert, der, _otp} <- cert, do: der
 
-          der when is_binary(der) ->
-            der
-
-          other ->
-            bad!(name, "must hold DER certificates, got: #{inspect(other, limit: 5)} at #{n}")
-        end
+      unless is_binary(der),
+        do: bad!(name, "must hold DER certificates, got: #{inspect(cert, limit: 5)} at #{n}")
 
       try do
         :public_key.pkix_decode_cert(der, :plain)
@@ -586,10 +579,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp os_store!(name) do
     ders!(:public_key.cacerts_get(), name)
   catch
-    :error, %Error{} = error ->
-      reraise error, __STACKTRACE__
-
-    kind, reason ->
+    # ders!'s own refusal goes on as it is.
+    kind, reason when not is_struct(reason, Error) ->
       bad!(
         name,
         "the OS store cannot be read (:public_key.cacerts_get(): #{inspect({kind, reason})}): " <>
@@ -601,14 +592,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # and makes verify_full the sslmode; as in libpq, a weaker one is refused.
   defp system_store!(settings) do
     if settings[:ssl_ca_file] == "system" do
-      mode = settings[:sslmode] || :verify_full
-
-      unless mode == :verify_full,
+      unless settings[:sslmode] in [nil, :verify_full],
         do:
           bad!(
             :sslmode,
             "must be :verify_full with ssl_ca_file \"system\" (the OS store, as libpq's " <>
-              "sslrootcert=system), got: #{inspect(mode)}"
+              "sslrootcert=system), got: #{inspect(settings[:sslmode])}"
           )
 
       Keyword.merge(settings,
