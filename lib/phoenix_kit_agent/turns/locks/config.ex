@@ -335,10 +335,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
     parameters =
       for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
-        case @url_parameters do
-          %{^key => setting} -> {setting, value}
-          _ -> bad!(name, "has an unsupported parameter #{inspect(key)}")
-        end
+        {@url_parameters[key] || bad!(name, "has an unsupported parameter #{inspect(key)}"),
+         value}
       end
 
     (location ++ decoded)
