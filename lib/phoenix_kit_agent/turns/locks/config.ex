@@ -27,8 +27,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # What the library takes from a repo's config/0 as it is.
   @repo_settings ~w(hostname port endpoints target_server_type username password database
                     socket_dir prefix prepare)a
-  @texts [:hostname, :username, :database, :ssl_ca_file, :ssl_cert_file, :ssl_key_file] ++
-           [:application_name]
+  @texts ~w(hostname username database ssl_ca_file ssl_cert_file ssl_key_file application_name)a
   # endpoints: [] is hostname:port alone; :primary because lock calls write
   # (Postgrex's default is :any).
   @defaults [port: 5432, endpoints: [], target_server_type: :primary, sslmode: :prefer] ++
@@ -250,15 +249,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     do: {v in [nil, true, false] or is_list(v), "must be a boolean or a keyword list"}
 
   defp rule(key, v) when key in [:cacertfile, :certfile, :keyfile],
-    do: {text?(chars(v)) and v not in ["", []], "must be a path"}
+    do: {chars?(v), "must be a path"}
 
   defp rule(:verify, v),
     do: {v in [:verify_peer, :verify_none], "must be :verify_peer or :verify_none"}
 
   defp rule(:server_name_indication, v),
-    do:
-      {v == :disable or (text?(chars(v)) and v not in ["", []]),
-       "must be a host name or :disable"}
+    do: {v == :disable or chars?(v), "must be a host name or :disable"}
 
   # A charlist as :ssl takes it, as a string; anything else as it is.
   defp chars(v) when is_list(v) do
@@ -278,6 +275,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   defp text?(value),
     do: is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>)
+
+  # A path or host name as :ssl takes it: a string or a charlist, not empty.
+  defp chars?(v), do: text?(chars(v)) and v not in ["", []]
 
   # What a schema prefix must be, for settings and function arguments alike.
   def prefix?(prefix),
