@@ -212,7 +212,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   defp normal(_key, value), do: value
 
-  defp got(key, _value) when key in [:url, :password, :key], do: ""
+  defp got(key, _value) when key in [:url, :password], do: ""
   defp got(_key, value), do: ", got: " <> inspect(value, limit: 5, printable_limit: 64)
 
   # Whether `value` passes setting `key`'s rule, and what an error says of it.
@@ -257,11 +257,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp rule(:server_name_indication, v),
     do: {v == :disable or chars?(v), "must be a host name or :disable"}
 
-  # A charlist as :ssl takes it, as a string; anything else as it is.
+  # A charlist as :ssl takes it, as a string; anything else (a list that is
+  # not one) as it is.
   defp chars(v) when is_list(v) do
     List.to_string(v)
   rescue
-    ArgumentError -> v
+    _ in [ArgumentError, UnicodeConversionError] -> v
   end
 
   defp chars(v), do: v
