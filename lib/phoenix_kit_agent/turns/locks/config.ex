@@ -108,7 +108,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # nothing here. It comes before DATABASE_URL, as a repo: of the library's does.
   defp repo(own, phoenix_kit) do
     cond do
-      own[:repo] || Enum.any?([:url, :hostname, :endpoints, :socket_dir], &own[&1]) -> own[:repo]
+      own[:repo] || own[:url] || located?(own) -> own[:repo]
       phoenix_kit[:repo] -> check!(:repo, phoenix_kit[:repo], "repo (config :phoenix_kit)")
       true -> nil
     end
@@ -133,8 +133,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     schedulers - 2
   end
 
-  # `top` over `base`: a field of a @together group in `top` replaces all of
-  # `base`'s group (a host, endpoints or socket directory all of its server).
+  # `top` over `base`: where `top` sets a field of a @together group, none of
+  # `base`'s group is kept (a host in `top` drops `base`'s endpoints too).
   defp over(top, base) do
     replaced = for group <- @together, Enum.any?(group, &(top[&1] != nil)), do: group
     Keyword.merge(Keyword.drop(base, List.flatten(replaced)), top)
