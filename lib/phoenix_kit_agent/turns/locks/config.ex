@@ -471,6 +471,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       first(opts, cert: :ssl_cert, certfile: :ssl_cert_file) ++
         first(opts, key: :ssl_key, keyfile: :ssl_key_file, certfile: :ssl_key_file)
 
+    # server_name_indication: the host name to check; :disable checks none (verify_ca).
     sni = opts[:server_name_indication]
     server = if is_binary(sni), do: [ssl_server_name: sni], else: []
 
