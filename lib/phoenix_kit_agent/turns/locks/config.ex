@@ -27,8 +27,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # What the library takes from a repo's config/0 as it is.
   @repo_settings ~w(hostname port endpoints target_server_type username password database
                     socket_dir prefix prepare)a
-  @texts [:hostname, :username, :database, :ssl_ca_file, :ssl_cert_file, :ssl_key_file] ++
-           [:application_name]
+  @texts ~w(hostname username database ssl_ca_file ssl_cert_file ssl_key_file application_name)a
   # endpoints: [] is hostname:port alone; :primary because lock calls write
   # (Postgrex's default is :any).
   @defaults [port: 5432, endpoints: [], target_server_type: :primary, sslmode: :prefer] ++
@@ -39,19 +38,15 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # A server that takes writes, or whichever takes the connection; Postgrex's
   # :secondary is refused: a standby refuses every lock call but the reads.
   @target_server_types [:primary, :any]
-  # libpq's target_session_attrs, as target_server_type.
-  @session_attrs %{
-    "read-write" => :primary,
-    "primary" => :primary,
-    "any" => :any,
-    "read-only" => :secondary,
-    "standby" => :secondary,
-    "prefer-standby" => :secondary
-  }
+  # libpq's target_session_attrs, as target_server_type; its standby values
+  # (read-only, standby, prefer-standby) are refused as they are, as :secondary is.
+  @session_attrs %{"read-write" => :primary, "primary" => :primary, "any" => :any}
 
-  # Two fields that say the same in two forms (a file, DER): a layer that
-  # sets either replaces both of the layer below's.
-  @ssl_alternatives [
+  # Fields that a layer sets or replaces together (over/2): the server (a host,
+  # endpoints or a socket directory), and each of three that say the same in
+  # two forms (a file, DER).
+  @together [
+    @servers,
     [:ssl_ca_file, :ssl_cacerts],
     [:ssl_cert_file, :ssl_cert],
     [:ssl_key_file, :ssl_key]
@@ -113,7 +108,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # nothing here. It comes before DATABASE_URL, as a repo: of the library's does.
   defp repo(own, phoenix_kit) do
     cond do
-      own[:repo] || Enum.any?([:url, :hostname, :endpoints, :socket_dir], &own[&1]) -> own[:repo]
+      own[:repo] || own[:url] || located?(own) -> own[:repo]
       phoenix_kit[:repo] -> check!(:repo, phoenix_kit[:repo], "repo (config :phoenix_kit)")
       true -> nil
     end
@@ -138,17 +133,11 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     schedulers - 2
   end
 
-  # `top` over `base`: a host, endpoints or socket directory in `top` replaces all
-  # of `base`'s.
+  # `top` over `base`: where `top` sets a field of a @together group, none of
+  # `base`'s group is kept (a host in `top` drops `base`'s endpoints too).
   defp over(top, base) do
-    base = if located?(top), do: Keyword.drop(base, @servers), else: base
-
-    base =
-      Enum.reduce(@ssl_alternatives, base, fn pair, base ->
-        if Enum.any?(pair, &(top[&1] != nil)), do: Keyword.drop(base, pair), else: base
-      end)
-
-    Keyword.merge(base, top)
+    replaced = for group <- @together, Enum.any?(group, &(top[&1] != nil)), do: group
+    Keyword.merge(Keyword.drop(base, List.flatten(replaced)), top)
   end
 
   defp located?(connection), do: Enum.any?(@servers, &(connection[&1] != nil))
@@ -223,7 +212,7 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   defp normal(_key, value), do: value
 
-  defp got(key, _value) when key in [:url, :password, :key], do: ""
+  defp got(key, _value) when key in [:url, :password], do: ""
   defp got(_key, value), do: ", got: " <> inspect(value, limit: 5, printable_limit: 64)
 
   # Whether `value` passes setting `key`'s rule, and what an error says of it.
@@ -260,21 +249,20 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     do: {v in [nil, true, false] or is_list(v), "must be a boolean or a keyword list"}
 
   defp rule(key, v) when key in [:cacertfile, :certfile, :keyfile],
-    do: {text?(chars(v)) and v not in ["", []], "must be a path"}
+    do: {chars?(v), "must be a path"}
 
   defp rule(:verify, v),
     do: {v in [:verify_peer, :verify_none], "must be :verify_peer or :verify_none"}
 
   defp rule(:server_name_indication, v),
-    do:
-      {v == :disable or (text?(chars(v)) and v not in ["", []]),
-       "must be a host name or :disable"}
+    do: {v == :disable or chars?(v), "must be a host name or :disable"}
 
-  # A charlist as :ssl takes it, as a string; anything else as it is.
+  # A charlist as :ssl takes it, as a string; anything else (a list that is
+  # not one) as it is.
   defp chars(v) when is_list(v) do
     List.to_string(v)
   rescue
-    ArgumentError -> v
+    _ in [ArgumentError, UnicodeConversionError] -> v
   end
 
   defp chars(v), do: v
@@ -288,6 +276,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   defp text?(value),
     do: is_binary(value) and String.valid?(value) and not String.contains?(value, <<0>>)
+
+  # A path or host name as :ssl takes it: a string or a charlist, not empty.
+  defp chars?(v), do: text?(chars(v)) and v not in ["", []]
 
   # What a schema prefix must be, for settings and function arguments alike.
   def prefix?(prefix),
@@ -345,10 +336,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
     parameters =
       for {key, value} <- URI.query_decoder(percent!(uri.query || "", name)) do
-        case @url_parameters do
-          %{^key => setting} -> {setting, value}
-          _ -> bad!(name, "has an unsupported parameter #{inspect(key)}")
-        end
+        {@url_parameters[key] || bad!(name, "has an unsupported parameter #{inspect(key)}"),
+         value}
       end
 
     (location ++ decoded)
@@ -470,24 +459,21 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
     at = &"#{name}[#{inspect(&1)}]"
 
     for {key, _} <- opts, key not in @ssl_options, do: bad!(at.(key), unknown_ssl(key))
-    opts = for {key, value} <- opts, value != nil, do: {key, check_ssl!(key, value, at.(key))}
-    https?(opts[:customize_hostname_check], at.(:customize_hostname_check))
+    opts = for {key, value} <- opts, value != nil, do: {key, ssl_option!(key, value, at.(key))}
 
-    ca =
-      cond do
-        opts[:cacerts] -> [ssl_cacerts: ders!(opts[:cacerts], at.(:cacerts))]
-        opts[:cacertfile] -> [ssl_ca_file: chars(opts[:cacertfile])]
-        true -> []
-      end
+    # The CA and the client certificate, as :ssl reads them: cacerts: over
+    # cacertfile:, cert: (DER, or a list: the chain) over certfile:, key:
+    # ({type, DER}) over keyfile:, and a certfile: without a key is read for
+    # its key too.
+    ca = first(opts, cacerts: :ssl_cacerts, cacertfile: :ssl_ca_file)
 
-    {mode, server} =
-      case opts[:server_name_indication] do
-        nil -> {:verify_full, []}
-        :disable -> {:verify_ca, []}
-        sni -> {:verify_full, [ssl_server_name: chars(sni)]}
-      end
+    client =
+      first(opts, cert: :ssl_cert, certfile: :ssl_cert_file) ++
+        first(opts, key: :ssl_key, keyfile: :ssl_key_file, certfile: :ssl_key_file)
 
-    client = client_certificate!(opts, at)
+    # server_name_indication: the host name to check; :disable checks none (verify_ca).
+    sni = opts[:server_name_indication]
+    server = if is_binary(sni), do: [ssl_server_name: sni], else: []
 
     cond do
       opts[:verify] == :verify_none ->
@@ -503,16 +489,26 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
             "true did before Postgrex 0.18, and ssl_opts: on OTP 25)"
         )
 
+      sni == :disable ->
+        [sslmode: :verify_ca] ++ ca ++ client
+
       true ->
-        [sslmode: mode] ++ ca ++ server ++ client
+        [sslmode: :verify_full] ++ ca ++ server ++ client
     end
   end
 
-  defp check_ssl!(key, value, name)
-       when key in [:verify, :cacertfile, :certfile, :keyfile, :server_name_indication],
-       do: check!(key, value, name)
+  # An :ssl option's value, checked, as the library's field takes it (a path
+  # or a host name as a string).
+  defp ssl_option!(:cacerts, certs, name), do: ders!(certs, name)
+  defp ssl_option!(:cert, cert, name), do: ders!(List.wrap(cert), name)
+  defp ssl_option!(:key, key, name), do: key!(key, name)
+  defp ssl_option!(:customize_hostname_check, check, name), do: https!(check, name)
+  defp ssl_option!(key, value, name), do: chars(check!(key, value, name))
 
-  defp check_ssl!(_key, value, _name), do: value
+  # The first of `options` (option: field) that `opts` sets, as its field.
+  defp first(opts, options) do
+    Enum.find_value(options, [], fn {option, field} -> opts[option] && [{field, opts[option]}] end)
+  end
 
   defp unknown_ssl(:verify_fun),
     do:
@@ -530,11 +526,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
 
   # The HTTPS match, Postgrex's default (wildcards in the certificate's
   # names), is what rustls does; `[]`, :ssl's own, is taken as it.
-  defp https?(nil, _name), do: :ok
-  defp https?([], _name), do: :ok
-
-  defp https?(check, name) do
-    unless check == [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)],
+  defp https!(check, name) do
+    unless check in [[], [match_fun: :public_key.pkix_verify_hostname_match_fun(:https)]],
       do:
         bad!(
           name,
@@ -542,28 +535,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
             "does (Postgrex's default): remove it, or write [match_fun: " <>
             ":public_key.pkix_verify_hostname_match_fun(:https)]"
         )
-  end
 
-  # :ssl's client certificate: cert: (DER, or a list: the chain) over
-  # certfile:, key: ({type, DER}) over keyfile:, and a certfile: without a
-  # key is read for its key too, as :ssl reads it.
-  defp client_certificate!(opts, at) do
-    cert =
-      cond do
-        opts[:cert] -> [ssl_cert: ders!(List.wrap(opts[:cert]), at.(:cert))]
-        opts[:certfile] -> [ssl_cert_file: chars(opts[:certfile])]
-        true -> []
-      end
-
-    key =
-      cond do
-        opts[:key] -> [ssl_key: key!(opts[:key], at.(:key))]
-        opts[:keyfile] -> [ssl_key_file: chars(opts[:keyfile])]
-        opts[:certfile] -> [ssl_key_file: chars(opts[:certfile])]
-        true -> []
-      end
-
-    cert ++ key
+    check
   end
 
   defp key!({type, der}, name) when is_map_key(@key_formats, type) and is_binary(der) do
@@ -587,17 +560,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
       do: bad!(name, "must be a list of DER certificates" <> got(:cacerts, certs))
 
     for {cert, n} <- Enum.with_index(certs, 1) do
-      der =
-        case cert do
-          {:cert, der, _otp} when is_binary(der) ->
-            der
+      der = with {:cert, der, _otp} <- cert, do: der
 
-          der when is_binary(der) ->
-            der
-
-          other ->
-            bad!(name, "must hold DER certificates, got: #{inspect(other, limit: 5)} at #{n}")
-        end
+      unless is_binary(der),
+        do: bad!(name, "must hold DER certificates, got: #{inspect(cert, limit: 5)} at #{n}")
 
       try do
         :public_key.pkix_decode_cert(der, :plain)
@@ -613,10 +579,8 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   defp os_store!(name) do
     ders!(:public_key.cacerts_get(), name)
   catch
-    :error, %Error{} = error ->
-      reraise error, __STACKTRACE__
-
-    kind, reason ->
+    # ders!'s own refusal goes on as it is.
+    kind, reason when not is_struct(reason, Error) ->
       bad!(
         name,
         "the OS store cannot be read (:public_key.cacerts_get(): #{inspect({kind, reason})}): " <>
@@ -628,14 +592,12 @@ defmodule PhoenixKitAgent.Turns.Locks.Config do
   # and makes verify_full the sslmode; as in libpq, a weaker one is refused.
   defp system_store!(settings) do
     if settings[:ssl_ca_file] == "system" do
-      mode = settings[:sslmode] || :verify_full
-
-      unless mode == :verify_full,
+      unless settings[:sslmode] in [nil, :verify_full],
         do:
           bad!(
             :sslmode,
             "must be :verify_full with ssl_ca_file \"system\" (the OS store, as libpq's " <>
-              "sslrootcert=system), got: #{inspect(mode)}"
+              "sslrootcert=system), got: #{inspect(settings[:sslmode])}"
           )
 
       Keyword.merge(settings,
