@@ -173,7 +173,6 @@ impl Connector {
             return Err(refusal);
         }
         let mut failures = Vec::new();
-        let mut opened = None;
         for (index, server) in self.servers.iter().enumerate() {
             let limit = self.timeout.min(until.saturating_duration_since(Instant::now()));
             // Every cause (the socket, TLS, the login, the timeout, a
@@ -183,8 +182,8 @@ impl Connector {
             } else {
                 match tokio::time::timeout(limit, self.login(index, server)).await {
                     Ok(Ok(conn)) => {
-                        opened = Some(conn);
-                        break;
+                        *self.backoff() = Backoff::default();
+                        return Ok(conn);
                     }
                     Ok(Err(cause)) => cause,
                     Err(_) => format!("no connection within {} ms", limit.as_millis()),
@@ -192,13 +191,9 @@ impl Connector {
             };
             failures.push(format!("{}: {cause}", server.peer));
         }
-        let opened = opened.ok_or_else(|| failures.join("; "));
-        let mut backoff = self.backoff();
-        match &opened {
-            Ok(_) => *backoff = Backoff::default(),
-            Err(message) => backoff.failed(Instant::now(), message.clone()),
-        }
-        opened.map_err(Error::Connect)
+        let message = failures.join("; ");
+        self.backoff().failed(Instant::now(), message.clone());
+        Err(Error::Connect(message))
     }
 
     fn backoff(&self) -> MutexGuard<'_, Backoff> {
@@ -257,19 +252,18 @@ impl Connector {
     pub fn cancel_in_background(&self, token: CancelToken, server: usize) {
         let Some(server) = self.servers.get(server).cloned() else { return };
         let connector = self.clone();
-        let _ = std::thread::Builder::new().name("phoenix_kit_agent_locks-cancel".into()).spawn(
-            move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-                let Ok(runtime) = runtime else { return };
-                runtime.block_on(async {
-                    let cancel = async {
-                        let (socket, tls) = connector.socket(&server).await.ok()?;
-                        token.cancel_query_raw(socket, tls).await.ok()
-                    };
-                    let _ = tokio::time::timeout(connector.timeout, cancel).await;
-                });
-            },
-        );
+        let thread = std::thread::Builder::new().name("phoenix_kit_agent_locks-cancel".into());
+        let _ = thread.spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let Ok(runtime) = runtime else { return };
+            runtime.block_on(async {
+                let cancel = async {
+                    let (socket, tls) = connector.socket(&server).await.ok()?;
+                    token.cancel_query_raw(socket, tls).await.ok()
+                };
+                let _ = tokio::time::timeout(connector.timeout, cancel).await;
+            });
+        });
     }
 }
 
