@@ -287,14 +287,11 @@ impl<'a> Table<'a> {
                 holder.sql_type
             )));
         }
-        for column in [since, holder] {
-            if column.not_null {
-                return Err(self.error(format!(
-                    "{name} is NOT NULL, and a free lock is NULL \
-                     (ALTER TABLE {table} ALTER COLUMN {name} DROP NOT NULL)",
-                    name = column.name
-                )));
-            }
+        if let Some(Column { name, .. }) = [since, holder].into_iter().find(|c| c.not_null) {
+            return Err(self.error(format!(
+                "{name} is NOT NULL, and a free lock is NULL \
+                 (ALTER TABLE {table} ALTER COLUMN {name} DROP NOT NULL)"
+            )));
         }
         Ok(now)
     }
@@ -315,21 +312,20 @@ impl Tables {
         let user_now = user_table.check_lock()?;
 
         let mut user_fills = Vec::new();
-        for column in user_table.columns.iter().filter(|c| {
-            c.not_null
-                && !c.has_default
-                && !["user_uuid", "busy_since", "busy_turn_ref"].contains(&c.name.as_str())
-        }) {
-            let fill = fill_for(&column.type_name).ok_or_else(|| {
-                user_table.error(format!(
+        let key_and_lock = ["user_uuid", "busy_since", "busy_turn_ref"];
+        let needs_fill =
+            |c: &&Column| c.not_null && !c.has_default && !key_and_lock.contains(&c.name.as_str());
+        for column in user_table.columns.iter().filter(needs_fill) {
+            let name = quote_ident(&column.name);
+            let Some(fill) = fill_for(&column.type_name) else {
+                return Err(user_table.error(format!(
                     "column {name} is NOT NULL without a default, and a new settings row \
-                     cannot fill a {ty}: give it a default \
+                     cannot fill a {}: give it a default \
                      (ALTER TABLE {users} ALTER COLUMN {name} SET DEFAULT …)",
-                    name = quote_ident(&column.name),
-                    ty = column.sql_type,
-                ))
-            })?;
-            user_fills.push((quote_ident(&column.name), fill));
+                    column.sql_type
+                )));
+            };
+            user_fills.push((name, fill));
         }
         Ok(Tables { chats, users, chat_now, user_now, user_fills })
     }
