@@ -587,11 +587,10 @@ impl Def {
         let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
             tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
         };
-        let wait = match bounded {
-            true => {
-                format!("set_config('lock_timeout', '{}', true) IS NOT NULL", ROW_WAIT.as_millis())
-            }
-            false => "true".to_owned(),
+        let wait = if bounded {
+            format!("set_config('lock_timeout', '{}', true) IS NOT NULL", ROW_WAIT.as_millis())
+        } else {
+            "true".to_owned()
         };
         self.text
             .replace("{chats}", &tables.chats)
