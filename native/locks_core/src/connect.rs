@@ -43,7 +43,6 @@ use std::time::{Duration, Instant};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
-use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage};
 use tokio_util::either::Either;
 
@@ -67,8 +66,6 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// A TCP (`Left`) or Unix (`Right`) socket, as one type for tokio-postgres.
 pub(crate) type Socket = Either<TcpStream, UnixStream>;
-
-type Tls = <tls::MakeTls as MakeTlsConnect<Socket>>::TlsConnect;
 
 /// Opens connections for one pool.
 #[derive(Clone)]
@@ -232,14 +229,13 @@ impl Connector {
 
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
-    async fn socket(&self, server: &Server) -> Result<(Socket, Tls), String> {
+    async fn socket(&self, server: &Server) -> Result<(Socket, tls::Tls), String> {
         let (socket, server) = match &server.host {
             None => (UnixStream::connect(&server.peer).await.map(Either::Right), "localhost"),
             Some(host) => (tcp(host, server.port).await, host.as_str()),
         };
         let socket = socket.map_err(|e| e.to_string())?;
-        let Ok(tls) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
-        Ok((socket, tls))
+        Ok((socket, self.tls.for_host(server)))
     }
 
     /// Asks the server (the `server`th) to stop the statement running on the

@@ -161,14 +161,15 @@ pub(crate) struct MakeTls {
     name: Option<String>,
 }
 
-impl MakeTlsConnect<Socket> for MakeTls {
-    type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
-    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
-    type Error = std::convert::Infallible;
+/// The TLS of one connection, to start once the server agrees to it.
+pub(crate) type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
 
-    fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
+impl MakeTls {
+    /// The TLS of a connection to `host`: rustls' (which cannot fail to make one).
+    pub(crate) fn for_host(&self, host: &str) -> Tls {
         let name = self.name.as_deref().unwrap_or(host);
-        MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner, name)
+        let Ok(tls) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner.clone(), name);
+        tls
     }
 }
 
