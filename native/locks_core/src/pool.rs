@@ -249,9 +249,8 @@ impl LockPool {
         let columns = &sql::COLUMNS;
         let rows =
             run(conn, self.settings.prepare, columns, columns.text, &[&chats, &users]).await?;
-        let catalog = Catalog::from_rows(&rows)?;
-        let statements = Statements::new(&Tables::from_catalog(prefix, &catalog)?, true);
-        Ok(self.statements.get_or_init(|| statements))
+        let tables = Tables::from_catalog(prefix, &Catalog::from_rows(&rows)?)?;
+        Ok(self.statements.get_or_init(|| Statements::new(&tables, true)))
     }
 
     /// Connections in the pool, and those of them idle.
