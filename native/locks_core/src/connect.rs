@@ -43,7 +43,6 @@ use std::time::{Duration, Instant};
 use socket2::{SockRef, TcpKeepalive};
 use tokio::net::{TcpStream, UnixStream};
 use tokio::task::JoinHandle;
-use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{CancelToken, Client, SimpleQueryMessage};
 use tokio_util::either::Either;
 
@@ -67,8 +66,6 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// A TCP (`Left`) or Unix (`Right`) socket, as one type for tokio-postgres.
 pub(crate) type Socket = Either<TcpStream, UnixStream>;
-
-type Tls = <tls::MakeTls as MakeTlsConnect<Socket>>::TlsConnect;
 
 /// Opens connections for one pool.
 #[derive(Clone)]
@@ -173,7 +170,6 @@ impl Connector {
             return Err(refusal);
         }
         let mut failures = Vec::new();
-        let mut opened = None;
         for (index, server) in self.servers.iter().enumerate() {
             let limit = self.timeout.min(until.saturating_duration_since(Instant::now()));
             // Every cause (the socket, TLS, the login, the timeout, a
@@ -183,8 +179,8 @@ impl Connector {
             } else {
                 match tokio::time::timeout(limit, self.login(index, server)).await {
                     Ok(Ok(conn)) => {
-                        opened = Some(conn);
-                        break;
+                        *self.backoff() = Backoff::default();
+                        return Ok(conn);
                     }
                     Ok(Err(cause)) => cause,
                     Err(_) => format!("no connection within {} ms", limit.as_millis()),
@@ -192,13 +188,9 @@ impl Connector {
             };
             failures.push(format!("{}: {cause}", server.peer));
         }
-        let opened = opened.ok_or_else(|| failures.join("; "));
-        let mut backoff = self.backoff();
-        match &opened {
-            Ok(_) => *backoff = Backoff::default(),
-            Err(message) => backoff.failed(Instant::now(), message.clone()),
-        }
-        opened.map_err(Error::Connect)
+        let message = failures.join("; ");
+        self.backoff().failed(Instant::now(), message.clone());
+        Err(Error::Connect(message))
     }
 
     fn backoff(&self) -> MutexGuard<'_, Backoff> {
@@ -237,14 +229,13 @@ impl Connector {
 
     /// A tuned socket to the server, and its TLS (used only when the login
     /// asks for it).
-    async fn socket(&self, server: &Server) -> Result<(Socket, Tls), String> {
+    async fn socket(&self, server: &Server) -> Result<(Socket, tls::Tls), String> {
         let (socket, server) = match &server.host {
             None => (UnixStream::connect(&server.peer).await.map(Either::Right), "localhost"),
             Some(host) => (tcp(host, server.port).await, host.as_str()),
         };
         let socket = socket.map_err(|e| e.to_string())?;
-        let Ok(tls) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.tls.clone(), server);
-        Ok((socket, tls))
+        Ok((socket, self.tls.for_host(server)))
     }
 
     /// Asks the server (the `server`th) to stop the statement running on the
@@ -257,19 +248,18 @@ impl Connector {
     pub fn cancel_in_background(&self, token: CancelToken, server: usize) {
         let Some(server) = self.servers.get(server).cloned() else { return };
         let connector = self.clone();
-        let _ = std::thread::Builder::new().name("phoenix_kit_agent_locks-cancel".into()).spawn(
-            move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-                let Ok(runtime) = runtime else { return };
-                runtime.block_on(async {
-                    let cancel = async {
-                        let (socket, tls) = connector.socket(&server).await.ok()?;
-                        token.cancel_query_raw(socket, tls).await.ok()
-                    };
-                    let _ = tokio::time::timeout(connector.timeout, cancel).await;
-                });
-            },
-        );
+        let thread = std::thread::Builder::new().name("phoenix_kit_agent_locks-cancel".into());
+        let _ = thread.spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+            let Ok(runtime) = runtime else { return };
+            runtime.block_on(async {
+                let cancel = async {
+                    let (socket, tls) = connector.socket(&server).await.ok()?;
+                    token.cancel_query_raw(socket, tls).await.ok()
+                };
+                let _ = tokio::time::timeout(connector.timeout, cancel).await;
+            });
+        });
     }
 }
 

@@ -172,18 +172,13 @@ impl LockPool {
                     return Err(Error::NotStarted);
                 }
                 let idle = conns.idle.pop();
-                if idle.is_none() {
-                    conns.open += 1;
-                }
+                conns.open += usize::from(idle.is_none());
                 idle
             };
             let Some(pooled) = idle else {
                 // Counted open above; uncounted if it fails.
                 let opened = Pooled::open(&self.connector, deadline);
-                if opened.is_err() {
-                    self.conns().open -= 1;
-                }
-                return opened;
+                return opened.inspect_err(|_| self.conns().open -= 1);
             };
             if !pooled.conn.quiet() {
                 pooled.runtime.block_on(catch_up());
@@ -219,14 +214,7 @@ impl LockPool {
             let token = conn.conn.client.cancel_token();
             self.connector.cancel_in_background(token, conn.conn.server);
         }
-        let doubtful: Vec<Pooled> = {
-            let mut conns = self.conns();
-            let doubtful: Vec<_> =
-                conns.idle.extract_if(.., |idle| idle.conn.answered <= sent).collect();
-            conns.open -= 1 + doubtful.len();
-            doubtful
-        };
-        drop((conn, doubtful));
+        self.close_with(conn, |idle| idle.conn.answered <= sent);
     }
 
     /// Takes a connection whose server refused a write (`25006`: a standby,
@@ -236,14 +224,17 @@ impl LockPool {
     /// always on. Nothing is in flight on it: it is closed.
     fn leave(&self, conn: Pooled) {
         let server = conn.conn.server;
-        let same: Vec<Pooled> = {
-            let mut conns = self.conns();
-            let same: Vec<_> =
-                conns.idle.extract_if(.., |idle| idle.conn.server == server).collect();
-            conns.open -= 1 + same.len();
-            same
-        };
-        drop((conn, same));
+        self.close_with(conn, |idle| idle.conn.server == server);
+    }
+
+    /// Closes `conn`, taken out of a call, and the idle connections that
+    /// `doomed` picks, after the pool's lock is released.
+    fn close_with(&self, conn: Pooled, doomed: impl FnMut(&mut Pooled) -> bool) {
+        let mut conns = self.conns();
+        let closed: Vec<_> = conns.idle.extract_if(.., doomed).collect();
+        conns.open -= 1 + closed.len();
+        drop(conns);
+        drop((conn, closed));
     }
 
     /// The statements, built on the first call from what the catalog says
@@ -258,9 +249,8 @@ impl LockPool {
         let columns = &sql::COLUMNS;
         let rows =
             run(conn, self.settings.prepare, columns, columns.text, &[&chats, &users]).await?;
-        let catalog = Catalog::from_rows(&rows)?;
-        let statements = Statements::new(&Tables::from_catalog(prefix, &catalog)?, true);
-        Ok(self.statements.get_or_init(|| statements))
+        let tables = Tables::from_catalog(prefix, &Catalog::from_rows(&rows)?)?;
+        Ok(self.statements.get_or_init(|| Statements::new(&tables, true)))
     }
 
     /// Connections in the pool, and those of them idle.
@@ -297,8 +287,7 @@ impl Pooled {
             .enable_all()
             .build()
             .map_err(|e| Error::Connect(format!("cannot start a tokio runtime: {e}")))?;
-        let opened = runtime.block_on(connector.open(deadline.at));
-        match opened {
+        match runtime.block_on(connector.open(deadline.at)) {
             Ok(conn) => Ok(Pooled { conn, runtime }),
             Err(err) => {
                 // Without waiting for a host-name lookup still running on
@@ -332,18 +321,17 @@ async fn run(
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Vec<Value>>> {
     conn.sent = Instant::now();
-    let (name, types) = (def.name, def.params);
     let rows = async {
         if prepare == Prepare::Unnamed {
             let typed: Vec<_> =
-                params.iter().zip(types).map(|(value, ty)| (*value, ty.clone())).collect();
+                params.iter().zip(def.params).map(|(value, ty)| (*value, ty.clone())).collect();
             return conn.client.query_typed(text, &typed).await;
         }
-        let prepared = match conn.prepared.iter().find(|(named, _)| *named == name) {
+        let prepared = match conn.prepared.iter().find(|(name, _)| *name == def.name) {
             Some((_, prepared)) => prepared.clone(),
             None => {
-                let prepared = conn.client.prepare_typed(text, types).await?;
-                conn.prepared.push((name, prepared.clone()));
+                let prepared = conn.client.prepare_typed(text, def.params).await?;
+                conn.prepared.push((def.name, prepared.clone()));
                 prepared
             }
         };

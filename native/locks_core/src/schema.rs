@@ -229,15 +229,14 @@ impl<'a> Table<'a> {
     /// with a deferrable unique index on it.
     fn check_key(&self, arbiter: bool) -> Result<()> {
         let (key, table) = (self.key, self.name);
-        let column = self.column(key)?;
-        if column.type_name != "uuid" {
+        let Column { type_name, sql_type, unique, deferrable, .. } = self.column(key)?;
+        if type_name != "uuid" {
             return Err(self.error(format!(
-                "{key} is of type {}: it must be uuid \
-                 (ALTER TABLE {table} ALTER COLUMN {key} TYPE uuid USING {key}::uuid)",
-                column.sql_type
+                "{key} is of type {sql_type}: it must be uuid \
+                 (ALTER TABLE {table} ALTER COLUMN {key} TYPE uuid USING {key}::uuid)"
             )));
         }
-        match (&column.deferrable, column.unique) {
+        match (deferrable.as_deref().map(quote_ident), unique) {
             (_, false) if arbiter => Err(self.error(format!(
                 "no unique index on {key} alone (not partial), which the upserts of \
                  acquire/4 and acquire_user/4 need (ON CONFLICT ({key})): add one \
@@ -251,8 +250,7 @@ impl<'a> Table<'a> {
                 "the unique constraint {name} on {key} is deferrable, and the upserts of \
                  acquire/4 and acquire_user/4 (ON CONFLICT ({key})) fail with one: replace it \
                  by a unique index (mix locks.setup --lock-columns, then ALTER TABLE {table} \
-                 DROP CONSTRAINT {name})",
-                name = quote_ident(name)
+                 DROP CONSTRAINT {name})"
             ))),
             _ => Ok(()),
         }
@@ -265,36 +263,31 @@ impl<'a> Table<'a> {
         let table = self.name;
         let since = self.column("busy_since")?;
         let holder = self.column("busy_turn_ref")?;
-        let now = now_for(&since.type_name).ok_or_else(|| {
-            self.error(format!(
-                "busy_since is of type {}: it must be timestamptz or timestamp",
-                since.sql_type
-            ))
-        })?;
+        let (since_type, holder_type) = (&since.sql_type, &holder.sql_type);
+        let Some(now) = now_for(&since.type_name) else {
+            return Err(self.error(format!(
+                "busy_since is of type {since_type}: it must be timestamptz or timestamp"
+            )));
+        };
         if !["text", "varchar"].contains(&holder.type_name.as_str()) {
             return Err(self.error(format!(
-                "busy_turn_ref is of type {}: it must be text \
-                 (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)",
-                holder.sql_type
+                "busy_turn_ref is of type {holder_type}: it must be text \
+                 (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)"
             )));
         }
         // A varchar's `n`, if it has one (a text has none).
         if holder.max_chars.is_some_and(|n| n < MAX_REF_CHARS) {
             return Err(self.error(format!(
-                "busy_turn_ref is of type {}, too short for a ref (up to {MAX_REF_CHARS} bytes): \
-                 it must be text or varchar({MAX_REF_CHARS}) or longer \
-                 (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)",
-                holder.sql_type
+                "busy_turn_ref is of type {holder_type}, too short for a ref \
+                 (up to {MAX_REF_CHARS} bytes): it must be text or varchar({MAX_REF_CHARS}) \
+                 or longer (ALTER TABLE {table} ALTER COLUMN busy_turn_ref TYPE text)"
             )));
         }
-        for column in [since, holder] {
-            if column.not_null {
-                return Err(self.error(format!(
-                    "{name} is NOT NULL, and a free lock is NULL \
-                     (ALTER TABLE {table} ALTER COLUMN {name} DROP NOT NULL)",
-                    name = column.name
-                )));
-            }
+        if let Some(Column { name, .. }) = [since, holder].into_iter().find(|c| c.not_null) {
+            return Err(self.error(format!(
+                "{name} is NOT NULL, and a free lock is NULL \
+                 (ALTER TABLE {table} ALTER COLUMN {name} DROP NOT NULL)"
+            )));
         }
         Ok(now)
     }
@@ -315,21 +308,20 @@ impl Tables {
         let user_now = user_table.check_lock()?;
 
         let mut user_fills = Vec::new();
-        for column in user_table.columns.iter().filter(|c| {
-            c.not_null
-                && !c.has_default
-                && !["user_uuid", "busy_since", "busy_turn_ref"].contains(&c.name.as_str())
-        }) {
-            let fill = fill_for(&column.type_name).ok_or_else(|| {
-                user_table.error(format!(
+        let key_and_lock = ["user_uuid", "busy_since", "busy_turn_ref"];
+        let needs_fill =
+            |c: &&Column| c.not_null && !c.has_default && !key_and_lock.contains(&c.name.as_str());
+        for column in user_table.columns.iter().filter(needs_fill) {
+            let name = quote_ident(&column.name);
+            let Some(fill) = fill_for(&column.type_name) else {
+                return Err(user_table.error(format!(
                     "column {name} is NOT NULL without a default, and a new settings row \
-                     cannot fill a {ty}: give it a default \
+                     cannot fill a {}: give it a default \
                      (ALTER TABLE {users} ALTER COLUMN {name} SET DEFAULT …)",
-                    name = quote_ident(&column.name),
-                    ty = column.sql_type,
-                ))
-            })?;
-            user_fills.push((quote_ident(&column.name), fill));
+                    column.sql_type
+                )));
+            };
+            user_fills.push((name, fill));
         }
         Ok(Tables { chats, users, chat_now, user_now, user_fills })
     }

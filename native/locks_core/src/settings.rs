@@ -99,10 +99,8 @@ impl Settings {
 }
 
 fn port(number: u32, setting: &str) -> Result<u16> {
-    u16::try_from(number)
-        .ok()
-        .filter(|port| *port > 0)
-        .ok_or_else(|| Error::config(setting, "must be an integer from 1 to 65535"))
+    let valid = u16::try_from(number).ok().filter(|port| *port > 0);
+    valid.ok_or_else(|| Error::config(setting, "must be an integer from 1 to 65535"))
 }
 
 /// Which server a connection may stay on: Postgrex's `target_server_type`,

@@ -584,22 +584,20 @@ impl Def {
     /// [`ROW_WAIT`] when `bounded` (the pool), as nothing under the sandbox,
     /// whose transaction the setting would outlive each statement in.
     pub fn fill(&self, tables: &Tables, bounded: bool) -> String {
-        let fills = |pick: fn(&(String, &'static str)) -> String| -> String {
-            tables.user_fills.iter().map(|fill| format!(", {}", pick(fill))).collect()
-        };
-        let wait = match bounded {
-            true => {
-                format!("set_config('lock_timeout', '{}', true) IS NOT NULL", ROW_WAIT.as_millis())
-            }
-            false => "true".to_owned(),
+        let fill = |(column, value): &(String, &str)| (format!(", {column}"), format!(", {value}"));
+        let (columns, values): (String, String) = tables.user_fills.iter().map(fill).unzip();
+        let wait = if bounded {
+            format!("set_config('lock_timeout', '{}', true) IS NOT NULL", ROW_WAIT.as_millis())
+        } else {
+            "true".to_owned()
         };
         self.text
             .replace("{chats}", &tables.chats)
             .replace("{users}", &tables.users)
             .replace("{chat_now}", tables.chat_now)
             .replace("{user_now}", tables.user_now)
-            .replace("{fill_columns}", &fills(|(column, _)| column.clone()))
-            .replace("{fill_values}", &fills(|(_, value)| (*value).to_owned()))
+            .replace("{fill_columns}", &columns)
+            .replace("{fill_values}", &values)
             .replace("{wait}", &wait)
     }
 }

@@ -23,13 +23,8 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::client::WebPkiServerVerifier;
 use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{
-    CertificateDer, PrivateKeyDer, PrivatePkcs1KeyDer, PrivatePkcs8KeyDer, PrivateSec1KeyDer,
-    ServerName, UnixTime,
-};
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
-};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, RootCertStore, SignatureScheme};
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres_rustls::MakeRustlsConnect;
 
@@ -88,12 +83,9 @@ fn roots(settings: &Settings) -> Result<RootCertStore> {
     let mut roots = RootCertStore::empty();
     match (&settings.ssl_cacerts, &settings.ssl_ca_file) {
         (Some(ders), _) => {
-            for (n, Der(der)) in ders.iter().enumerate() {
+            for (Der(der), n) in ders.iter().zip(1..) {
                 roots.add(CertificateDer::from(der.as_slice())).map_err(|e| {
-                    Error::config(
-                        "ssl_cacerts",
-                        format!("certificate {} cannot be used: {e}", n + 1),
-                    )
+                    Error::config("ssl_cacerts", format!("certificate {n} cannot be used: {e}"))
                 })?;
             }
             if roots.is_empty() {
@@ -101,11 +93,9 @@ fn roots(settings: &Settings) -> Result<RootCertStore> {
             }
         }
         (None, Some(path)) => {
-            let bad = |reason: String| Error::config("ssl_ca_file", reason);
             for cert in pem_certificates(path, "ssl_ca_file")? {
-                roots.add(cert).map_err(|e| {
-                    bad(format!("{path:?} holds a certificate that cannot be used: {e}"))
-                })?;
+                let reason = |e| format!("{path:?} holds a certificate that cannot be used: {e}");
+                roots.add(cert).map_err(|e| Error::config("ssl_ca_file", reason(e)))?;
             }
         }
         (None, None) => {
@@ -131,9 +121,9 @@ fn client_certificate(
     };
     let key = match (&settings.ssl_key, &settings.ssl_key_file) {
         (Some((format, Der(der))), _) => Some(match format {
-            KeyFormat::Pkcs1 => PrivateKeyDer::from(PrivatePkcs1KeyDer::from(der.clone())),
-            KeyFormat::Sec1 => PrivateKeyDer::from(PrivateSec1KeyDer::from(der.clone())),
-            KeyFormat::Pkcs8 => PrivateKeyDer::from(PrivatePkcs8KeyDer::from(der.clone())),
+            KeyFormat::Pkcs1 => PrivateKeyDer::Pkcs1(der.clone().into()),
+            KeyFormat::Sec1 => PrivateKeyDer::Sec1(der.clone().into()),
+            KeyFormat::Pkcs8 => PrivateKeyDer::Pkcs8(der.clone().into()),
         }),
         (None, Some(path)) => Some(PrivateKeyDer::from_pem_file(path).map_err(|e| {
             Error::config("ssl_key_file", format!("no private key in {path:?}: {}", pem_cause(&e)))
@@ -171,14 +161,15 @@ pub(crate) struct MakeTls {
     name: Option<String>,
 }
 
-impl MakeTlsConnect<Socket> for MakeTls {
-    type Stream = <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream;
-    type TlsConnect = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
-    type Error = std::convert::Infallible;
+/// The TLS of one connection, to start once the server agrees to it.
+pub(crate) type Tls = <MakeRustlsConnect as MakeTlsConnect<Socket>>::TlsConnect;
 
-    fn make_tls_connect(&mut self, host: &str) -> Result<Self::TlsConnect, Self::Error> {
+impl MakeTls {
+    /// The TLS of a connection to `host`: rustls' (which cannot fail to make one).
+    pub(crate) fn for_host(&self, host: &str) -> Tls {
         let name = self.name.as_deref().unwrap_or(host);
-        MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner, name)
+        let Ok(tls) = MakeTlsConnect::<Socket>::make_tls_connect(&mut self.inner.clone(), name);
+        tls
     }
 }
 
@@ -225,7 +216,7 @@ struct Verifier {
 // rustls' names, shortened so the trait's methods read on one line.
 type Verdict<T> = std::result::Result<T, rustls::Error>;
 type Cert<'a> = CertificateDer<'a>;
-type Signed = DigitallySignedStruct;
+type Signed = rustls::DigitallySignedStruct;
 type Signature = HandshakeSignatureValid;
 
 impl ServerCertVerifier for Verifier {
@@ -237,9 +228,7 @@ impl ServerCertVerifier for Verifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Verdict<ServerCertVerified> {
-        let Some(chain) = &self.chain else {
-            return Ok(ServerCertVerified::assertion());
-        };
+        let Some(chain) = &self.chain else { return Ok(ServerCertVerified::assertion()) };
         match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },

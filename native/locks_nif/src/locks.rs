@@ -27,10 +27,8 @@ pub fn job_and_terms<'a>(
     args: Term<'a>,
 ) -> NifResult<(Job, Vec<Term<'a>>)> {
     let function: Atom = function.decode()?;
-    let tags = tags(env)?;
-    let Some(&(_, name, tag)) = tags.iter().find(|(known, ..)| *known == function) else {
-        return Err(Error::BadArg);
-    };
+    let known = tags(env)?.iter().find(|(atom, ..)| *atom == function);
+    let &(_, name, tag) = known.ok_or(Error::BadArg)?;
     // An improper list is a bad argument: rustler's list decoding would panic.
     let mut terms = Vec::with_capacity(args.list_length()? + 2);
     terms.push(tag.encode(env));
