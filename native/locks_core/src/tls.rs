@@ -44,8 +44,8 @@ pub(crate) fn wire(mode: SslMode) -> tokio_postgres::config::SslMode {
 }
 
 /// The connector for `mode` and the TLS settings of `settings`. The
-/// verifying modes need CA certificates; with `disable` nothing is read
-/// (the connector is never used).
+/// verifying modes need CA certificates; with `disable` nothing is read,
+/// neither a CA nor a client certificate (the connector is never used).
 pub(crate) fn connector(mode: SslMode, settings: &Settings) -> Result<MakeTls> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let verifying = matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull);
@@ -68,9 +68,13 @@ pub(crate) fn connector(mode: SslMode, settings: &Settings) -> Result<MakeTls> {
         .map_err(|e| Error::config("sslmode", e.to_string()))?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(verifier));
-    let client = match (mode, client_certificate(settings)?) {
-        (SslMode::Disable, _) | (_, None) => client.with_no_client_auth(),
-        (_, Some((chain, key))) => client.with_client_auth_cert(chain, key).map_err(|e| {
+    let certificate = match mode {
+        SslMode::Disable => None,
+        _ => client_certificate(settings)?,
+    };
+    let client = match certificate {
+        None => client.with_no_client_auth(),
+        Some((chain, key)) => client.with_client_auth_cert(chain, key).map_err(|e| {
             Error::config("ssl_key_file", format!("does not go with the client certificate: {e}"))
         })?,
     };

@@ -413,11 +413,22 @@ fn refusal(mode: SslMode, ca_file: Option<&str>) -> Option<String> {
 }
 
 /// A CA file that holds no certificate stops the pool from being built,
-/// named in the message; with `disable` no CA file is read at all (one that
-/// does not exist passes). No server: building a pool connects to none.
+/// named in the message; with `disable` no file is read at all (a CA, a
+/// client certificate or key that does not exist passes). No server:
+/// building a pool connects to none.
 #[test]
 fn a_ca_file_is_refused_when_it_holds_no_certificate_and_not_read_with_disable() {
     assert_eq!(refusal(SslMode::Disable, Some("/nonexistent/ca.pem")), None);
+    let url = "postgres://u:p@localhost:5432/d";
+    let missing = Some("/nonexistent/client.pem".to_owned());
+    let client = Settings {
+        ssl_cert_file: missing.clone(),
+        ssl_key_file: missing,
+        ..with(url, SslMode::Disable, None)
+    };
+    assert!(LockPool::new(client.clone()).is_ok());
+    let required = LockPool::new(Settings { sslmode: SslMode::Require, ..client });
+    assert!(required.is_err(), "require reads the client certificate");
     let empty = std::env::temp_dir().join(format!("locks-empty-ca-{}.pem", std::process::id()));
     fs::write(&empty, "not a certificate\n").expect("temp file");
     let err = refusal(SslMode::VerifyCa, empty.to_str());
