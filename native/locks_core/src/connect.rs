@@ -351,24 +351,8 @@ impl Backoff {
     }
 }
 
+// What `tune` sets is private to the socket: its test is a unit test, kept
+// with the others under tests/.
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn sockets_reset_on_close_and_probe_an_idle_peer() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("listen");
-        let addr = listener.local_addr().expect("address");
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        tune(&stream).expect("tuned");
-        let socket = SockRef::from(&stream);
-        assert_eq!(socket.linger().ok(), Some(Some(Duration::ZERO)));
-        assert_eq!(socket.keepalive().ok(), Some(true));
-        assert_eq!(socket.tcp_keepalive_time().ok(), Some(KEEPALIVE_IDLE));
-        assert_eq!(socket.tcp_keepalive_interval().ok(), Some(KEEPALIVE_INTERVAL));
-        assert_eq!(socket.tcp_keepalive_retries().ok(), Some(KEEPALIVE_RETRIES));
-        #[cfg(target_os = "linux")]
-        assert_eq!(socket.tcp_user_timeout().ok(), Some(Some(USER_TIMEOUT)));
-        assert_eq!(stream.nodelay().ok(), Some(true));
-    }
-}
+#[path = "../tests/unit/connect.rs"]
+mod tests;
