@@ -2,11 +2,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
   @moduledoc """
   The two locks a turn of an AI chat holds, rows in PostgreSQL: the chat's
   (`busy_since` / `busy_turn_ref` of `phoenix_kit_agent_conversations`), one
-  turn at a time per chat, and the user's (the same columns of
-  `phoenix_kit_agent_user_settings`; a user with no row gets an empty one the
-  first time their lock is taken), one turn in flight per user across all
-  their chats. A click on a confirmation card takes the user's lock alone
-  (`acquire_user/4`).
+  turn per chat, and the user's (of `phoenix_kit_agent_user_settings`, whose
+  row is made the first time it is taken), one turn in flight per user. A
+  click on a confirmation card takes the user's lock alone (`acquire_user/4`).
 
   A lock is taken by one atomic statement only when it is free or older than
   the caller's TTL (by the database's `now()`), so the locks of a node that
@@ -59,15 +57,11 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc """
-  As `acquire/4`, with a lease: both locks are dated `ttl_s - lease_s`
-  seconds in the past (as `acquire_user/4` dates a click's), so any taker
-  with the common TTL `ttl_s` takes them over `lease_s` seconds after this
-  call, or after the last `keep/5`, unless they are released. `lease_s` is
-  whole seconds from 1 to `ttl_s`; with `lease_s == ttl_s` this is
-  `acquire/4`. `with_turn/4` takes its locks with it.
-
-      :ok = Locks.acquire(chat, user, "turn-1", 600, 15)
-      # unless kept, taken over by acquire(chat, other, "turn-2", 600) 15 s from now
+  As `acquire/4`, with a lease (guides/leases.md): both locks are dated
+  `ttl_s - lease_s` seconds back, so a taker with the common TTL `ttl_s`
+  takes them over `lease_s` seconds after this call, or after the last
+  `keep/5`, unless they are released. With `lease_s == ttl_s` this is
+  `acquire/4`.
   """
   @spec acquire(String.t(), String.t(), String.t(), pos_integer(), pos_integer()) ::
           :ok | {:error, acquire_error()}
@@ -161,14 +155,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   Renews a turn's lease: dates both of `turn_ref`'s locks as `acquire/5`
-  does (`ttl_s - lease_s` seconds in the past), while it holds both and
-  neither is older than `ttl_s` seconds, so a taker with the common TTL
-  `ttl_s` may take them over `lease_s` seconds after this call. `true` when
-  it did. A lease that expired is not revived (another turn may be taking
-  it over), and a turn that lost one of its locks keeps neither: it must
-  stop. `with_turn/4` calls it every `lease_s / 3`.
-
-      true = Locks.keep(chat, user, "turn-1", 600, 15)
+  does, from now, while it holds both and neither is older than `ttl_s`.
+  `true` when it did. An expired lease is not revived, and a turn that lost
+  one of its locks keeps neither: it must stop. `with_turn/4` calls it
+  every `lease_s / 3`.
   """
   @spec keep(String.t(), String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep(conversation_uuid, user_uuid, turn_ref, ttl_s, lease_s) do
@@ -176,15 +166,12 @@ defmodule PhoenixKitAgent.Turns.Locks do
   end
 
   @doc """
-  Runs `fun` as a turn on a short lease: takes both locks under a new turn
-  ref (`acquire/5`), renews them with `keep/5` every `lease_s / 3` from a
-  supervised keeper process, and releases them when `fun` returns, raises,
-  throws or exits (or the caller dies). `fun` gets the turn
-  (`PhoenixKitAgent.Turns.Locks.Turn`). A turn learns it lost its lease
-  before another node can take it over: `lost?/1` turns `true` and the
-  caller is sent `{:turn_lock_lost, ref}` once; it must then stop, as one
-  whose `held?/3` answered `false`. The protocol, its assumptions and every
-  ending: guides/leases.md.
+  Runs `fun.(turn)` on a short lease: takes both locks under a new ref
+  (`acquire/5`), renews them with `keep/5` every `lease_s / 3` from a
+  supervised keeper, and releases them when `fun` returns, raises, throws
+  or exits (or the caller dies). A turn learns it lost its lease before
+  another node can take it over: `lost?/1` turns `true` and the caller is
+  sent `{:turn_lock_lost, ref}` once; it must then stop (guides/leases.md).
 
   Answers `{:ok, result}` (the turn ended holding its locks), `{:lost,
   result}` (it knows, or cannot tell, that it did not) or `acquire/4`'s

@@ -61,7 +61,7 @@ defmodule PhoenixKitAgent.Turns.PrebuiltHostTest do
         :compressed
       ])
 
-    Prebuilt.write_checksums(checksum_file, %{
+    Mix.Tasks.Locks.Checksum.write_checksums(checksum_file, %{
       name => Prebuilt.checksum(File.read!(tarball))
     })
 

@@ -86,7 +86,8 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
   end
 
   defp list!(ctx, checksums),
-    do: Prebuilt.write_checksums(Path.join(ctx.library, @checksum_file), checksums)
+    do:
+      Mix.Tasks.Locks.Checksum.write_checksums(Path.join(ctx.library, @checksum_file), checksums)
 
   defp cargo_calls(ctx) do
     case File.read(Path.join(ctx.dir, "cargo_calls")) do
@@ -176,7 +177,10 @@ defmodule PhoenixKitAgent.Turns.PrebuiltTest do
       path = Path.join(dir, @checksum_file)
 
       :ok =
-        Prebuilt.write_checksums(path, %{"b.tar.gz" => "sha256:02", "a.tar.gz" => "sha256:01"})
+        Mix.Tasks.Locks.Checksum.write_checksums(path, %{
+          "b.tar.gz" => "sha256:02",
+          "a.tar.gz" => "sha256:01"
+        })
 
       assert File.read!(path) == """
              %{

@@ -175,6 +175,7 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
   def checksum(bytes), do: "sha256:" <> Base.encode16(:crypto.hash(:sha256, bytes), case: :lower)
 
   # The checksum file at `path` as a map of artifact names to checksums; never run.
+  # Its one writer is mix locks.checksum (dev/).
   def read_checksums(path) do
     with {:ok, text} <- File.read(path),
          {:ok, {:%{}, _, pairs}} <- Code.string_to_quoted(text),
@@ -185,12 +186,6 @@ defmodule Mix.Tasks.Compile.LocksNif.Prebuilt do
       {:error, reason} when is_atom(reason) -> {:error, "cannot read #{path}: #{reason}"}
       _ -> {:error, "#{path} is not a map of artifact names to \"sha256:…\" checksums"}
     end
-  end
-
-  # Its one writer, mix locks.checksum, writes all the artifacts or nothing.
-  def write_checksums(path, checksums) do
-    lines = for {name, sum} <- Enum.sort(checksums), do: "\n  #{inspect(name)} => #{inspect(sum)}"
-    File.write!(path, "%{#{Enum.join(lines, ",")}\n}\n")
   end
 
   # GETs `url` with `:httpc`; HTTPS verified by the system's CA certificates and host name.
