@@ -73,11 +73,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Takes the user's lock alone for `ref`, a click on a confirmation card;
   refused with `{:error, :turn_in_flight}` while a turn of the user runs and
   `{:error, :click_in_flight}` while another click does. `ttl_s` is how old
-  another holder's lock must be to be taken over: pass a turn's TTL, so a
-  running turn is never taken over. `hold_s` is how long this lock keeps
-  turns out: it is dated `ttl_s - hold_s` seconds in the past, so a turn
-  takes it over `hold_s` seconds after it was taken (or last kept with
-  `keep_user/4`) unless it is released with `release_user/2`.
+  another holder's lock must be to be taken over (pass a turn's TTL);
+  `hold_s` is how long this one keeps turns out: it is dated `ttl_s -
+  hold_s` seconds back, so a turn takes it over `hold_s` seconds after it
+  was taken or last kept (`keep_user/4`), unless released.
 
       click = Locks.click_ref()
       :ok = Locks.acquire_user(user, click, 120, 30)
@@ -216,11 +215,10 @@ defmodule PhoenixKitAgent.Turns.Locks do
   run) or `{:error, value}` after `repo.rollback(value)`; an exception in
   `fun` rolls back and is raised again.
 
-  Keep it short: while it is open nobody writes the two rows, the turn's own
-  renewal included. The server ends a transaction that stalls a lease after
-  it went idle (`lease_s:`, taken out of `opts`: the turn's, or 15 for a
-  tuple; not set under `testing: :sandbox`). The guarantee, the bound and
-  their costs: guides/fenced-writes.md.
+  Keep it short: while it is open nobody writes the two rows, the turn's
+  renewal included. The server ends one that stalls a lease after it went
+  idle (`lease_s:` in `opts`: the turn's, or 15 for a tuple; none under
+  `testing: :sandbox`). The details: guides/fenced-writes.md.
 
       {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
   """

@@ -5,8 +5,6 @@ defmodule PhoenixKitAgent.Turns.SchemaTest do
 
   alias PhoenixKitAgent.Turns.Locks.{Schema, TestDB}
 
-  doctest Schema
-
   describe "sql/2" do
     test "the tables without a prefix are priv/schema.sql" do
       assert Schema.sql() == File.read!("priv/schema.sql")

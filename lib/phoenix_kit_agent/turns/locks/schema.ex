@@ -13,10 +13,6 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   @doc """
   The DDL of `kind` as one script (psql, a SQL file), with the tables
   qualified by the schema `prefix` (an identifier, quoted) when one is given.
-
-      iex> sql = PhoenixKitAgent.Turns.Locks.Schema.sql(:lock_columns, "phoenix_kit")
-      iex> sql =~ ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_conversations)
-      true
   """
   @spec sql(kind(), String.t() | nil) :: String.t()
   def sql(kind \\ :tables, prefix \\ nil) when kind in [:tables, :lock_columns] do
@@ -31,13 +27,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Schema do
   `;`, for an Ecto migration's `execute/1`: Postgrex prepares what it sends,
   and PostgreSQL refuses several commands in one prepared statement.
 
-      iex> PhoenixKitAgent.Turns.Locks.Schema.statements(:lock_columns, "phoenix_kit")
-      ...> |> Enum.map(&(&1 |> String.split() |> Enum.take(3) |> Enum.join(" ")))
-      [
-        ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_conversations),
-        ~s(ALTER TABLE "phoenix_kit".phoenix_kit_agent_user_settings),
-        "CREATE UNIQUE INDEX"
-      ]
+      for statement <- Schema.statements(:lock_columns, prefix()), do: execute(statement)
+
+  (the whole migration: guides/operating.md, "Schema and migrations").
   """
   @spec statements(kind(), String.t() | nil) :: [String.t()]
   def statements(kind \\ :tables, prefix \\ nil) when kind in [:tables, :lock_columns] do

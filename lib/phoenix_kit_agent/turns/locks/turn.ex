@@ -4,12 +4,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Turn do
   `user_uuid`, `ref`, `ttl_s` (the takers' TTL) and `lease_s`; the other fields
   are the runner's. `PhoenixKitAgent.Turns.Locks.lost?/1` reads its lease.
 
-  One keeper per turn (this module's GenServer, under `Locks.Keepers`) takes
-  the locks for the caller, renews them every `lease_s / 3` and releases them
-  when the turn ends or its caller dies. The lease is trusted until `lease_s`
-  less 2 % after the sending of the last renewal the database confirmed, on
-  the node's monotonic clock (why no taker comes first: guides/leases.md),
-  an `:atomics` slot that `lost?/1` reads.
+  One keeper per turn (this module's GenServer, under `Locks.Keepers`) takes,
+  renews and releases the locks. The lease is trusted until `lease_s` less
+  2 % after the sending of the last confirmed renewal, on the node's
+  monotonic clock, in an `:atomics` slot (guides/leases.md).
   """
 
   use GenServer, restart: :transient
