@@ -262,24 +262,19 @@ defmodule PhoenixKitAgent.Turns.Locks do
     do: bad!(:turn, "with_turn/4's turn or {conversation_uuid, user_uuid, turn_ref}", turn)
 
   @doc """
-  Whether a turn of `with_turn/4` lost its lease: its local deadline passed
-  with no renewal confirmed, a renewal answered `false`, or its keeper
-  stopped. Read from memory (no query), right in any process; `true` for
-  good once it is, and after the turn ended.
+  Whether a turn of `with_turn/4` lost its lease (its deadline passed with
+  no renewal confirmed, a renewal answered `false`, or its keeper stopped),
+  from memory, in any process; `true` for good once it is.
   """
   @spec lost?(Turn.t()) :: boolean()
   defdelegate lost?(turn), to: Turn
 
   @doc """
   Every lock taken, the oldest first (at most 1000), for an operator to see
-  what is stuck; `mix locks.held` prints it as a table. `:age_s` is by the
-  database's clock, `:stale` whether it may be taken over under `ttl_s`. A
-  lock whose age is unknown (no `busy_since`, or one a `DateTime` cannot
-  hold) comes first, with `since: nil`, `age_s: nil` and `stale: true`
-  (guides/operating.md, "Observability"). No row makes this raise.
-
-      Locks.held_locks(120)
-      # => [%{kind: :chat, uuid: "6f1c…", ref: "turn-1", since: ~U[…], age_s: 3.2, stale: false}, …]
+  what is stuck (`mix locks.held` prints it). `:age_s` is by the database's
+  clock, `:stale` whether it may be taken over under `ttl_s`. A lock whose
+  age is unknown comes first, with `since: nil`, `age_s: nil` and `stale:
+  true` (guides/operating.md, "Observability"). No row makes this raise.
   """
   @spec held_locks(pos_integer()) :: [
           %{

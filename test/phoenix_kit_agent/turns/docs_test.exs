@@ -2,7 +2,7 @@ defmodule PhoenixKitAgent.Turns.DocsTest do
   # The README's and the guides' tables against the code's own lists, each
   # defined once: the public functions (Locks, whose lock functions are the
   # native Job's, Native.functions/0), the error reasons (Locks.Error's
-  # type), the settings (Config's list, as its unknown-setting error names
+  # list, which its type is made from), the settings (Config's list, as its unknown-setting error names
   # it) and the row wait (ROW_WAIT, Native.rules/0). A table that drifts
   # from its list fails here; so does a link that leads nowhere.
   use ExUnit.Case, async: true
@@ -43,17 +43,7 @@ defmodule PhoenixKitAgent.Turns.DocsTest do
   end
 
   test "the README's error table lists each reason of Locks.Error once" do
-    {:ok, types} = Code.Typespec.fetch_types(Locks.Error)
-    [{:type, {:t, {:type, _, :map, fields}, []}}] = types
-
-    reasons =
-      Enum.find_value(fields, fn
-        {:type, _, :map_field_exact, [{:atom, _, :reason}, {:type, _, :union, atoms}]} ->
-          for {:atom, _, reason} <- atoms, do: reason
-
-        _ ->
-          nil
-      end)
+    reasons = Locks.Error.reasons()
 
     listed =
       for "`:" <> rest <- column(@readme, "reason"), do: String.to_atom(String.trim(rest, "`"))

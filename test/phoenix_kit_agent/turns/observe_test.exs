@@ -105,6 +105,24 @@ defmodule PhoenixKitAgent.Turns.ObserveTest do
       assert connections in 1..3 and idle <= connections
     end
 
+    test "counts :row_locked as its own reason, as every reason of Locks.Error", %{url: url} do
+      {chat, user} = {TestDB.insert_chat!(url), TestDB.uuid()}
+      :ok = Locks.acquire(chat, user, "turn-held", @ttl)
+      before = get_in(Locks.status(), [:calls, :release, :row_locked]) || 0
+      psql = TestDB.session!(url)
+      TestDB.query!("BEGIN", psql)
+
+      TestDB.query!(
+        "SELECT 1 FROM phoenix_kit_agent_conversations WHERE uuid = '#{chat}' FOR UPDATE",
+        psql
+      )
+
+      assert %Error{reason: :row_locked} = catch_error(Locks.release(chat, user, "turn-held"))
+      TestDB.close(psql)
+      assert get_in(Locks.status(), [:calls, :release, :row_locked]) == before + 1
+      assert :ok = Locks.release(chat, user, "turn-held")
+    end
+
     test "counts an error by its reason" do
       before = get_in(Locks.status(), [:calls, :held?, :not_started]) || 0
       :ok = AppEnv.stop()

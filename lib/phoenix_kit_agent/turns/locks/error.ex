@@ -12,18 +12,16 @@ defmodule PhoenixKitAgent.Turns.Locks.Error do
 
   defexception [:reason, :message, :sqlstate]
 
-  @type t :: %__MODULE__{
-          reason:
-            :connect
-            | :pool_timeout
-            | :timeout
-            | :disconnected
-            | :row_locked
-            | :statement
-            | :config
-            | :not_started
-            | :nif_not_loaded,
-          message: String.t(),
-          sqlstate: String.t() | nil
-        }
+  # Every reason, once: the type, status/0's counts (Observe) and the docs'
+  # tables (docs_test) read this list.
+  @reasons ~w(connect pool_timeout timeout disconnected row_locked statement config not_started
+              nif_not_loaded)a
+
+  @typedoc "Why a call could not be answered (the README's \"Errors\")."
+  @type reason :: unquote(Enum.reduce(Enum.reverse(@reasons), &{:|, [], [&1, &2]}))
+
+  @type t :: %__MODULE__{reason: reason(), message: String.t(), sqlstate: String.t() | nil}
+
+  @doc false
+  def reasons, do: @reasons
 end

@@ -4,10 +4,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   # the host has :telemetry, a span of events (guides/operating.md, "Observability").
   # The functions counted are the native side's lock functions (Native.functions/0).
 
-  alias PhoenixKitAgent.Turns.Locks.Native
+  alias PhoenixKitAgent.Turns.Locks.{Error, Native}
 
-  @outcomes ~w(ok true false conversation_busy turn_in_flight click_in_flight connect pool_timeout
-               timeout disconnected statement config not_started nif_not_loaded other)a
+  @outcomes ~w(ok true false conversation_busy turn_in_flight click_in_flight)a ++
+              Error.reasons() ++ [:other]
   # A function's counters: one per outcome, then 27 latency buckets, where
   # bucket i holds the calls that took less than 2^i µs (the last: the rest).
   @slot Map.new(Enum.with_index(@outcomes, 1))
