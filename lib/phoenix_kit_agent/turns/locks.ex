@@ -6,17 +6,15 @@ defmodule PhoenixKitAgent.Turns.Locks do
   row is made the first time it is taken), one turn in flight per user. A
   click on a confirmation card takes the user's lock alone (`acquire_user/4`).
 
-  A lock is taken by one atomic statement only when it is free or older than
-  the caller's TTL (by the database's `now()`), so the locks of a node that
-  went down free themselves; only the holder's ref frees or re-dates it.
-  Each call is one statement on a pooled connection, on a dirty-I/O
-  scheduler. A refusal is a return value; a bad argument raises
-  `ArgumentError` before anything is sent; a call that cannot be answered
-  raises `PhoenixKitAgent.Turns.Locks.Error`, whose reason says whether the
-  statement may have run. No call waits long on a row another session
-  holds: a taker answers busy at once, a holder's own write raises
-  `:row_locked` after 250 ms. Configuring, operating and testing a host: the guides under
-  `guides/` (README.md, "Guides").
+  Each call is one atomic statement on a pooled connection, on a dirty-I/O
+  scheduler. A lock is taken only when it is free or older than the caller's
+  TTL (by the database's `now()`), so a dead node's locks free themselves;
+  only the holder's ref frees or re-dates it. A refusal is a return value; a
+  bad argument raises `ArgumentError` before anything is sent; a call that
+  cannot be answered raises `PhoenixKitAgent.Turns.Locks.Error`. No call
+  waits long on a row another session holds: a taker answers busy at once,
+  a holder's own write raises `:row_locked` after 250 ms. The guides:
+  README.md, "Guides".
 
   ## Arguments
 
@@ -42,9 +40,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
   Takes both locks for `turn_ref`, or neither; a lock older than `ttl_s`
   seconds is taken over. The chat is tried first: while another turn holds
   it, the answer is `{:error, :conversation_busy}` and the user's lock is not
-  touched. With the chat free, the user's lock decides: held by a turn of the
-  same user (in another chat) it is `{:error, :turn_in_flight}`, by a click
-  `{:error, :click_in_flight}`, and the chat stays free.
+  touched. Then the user's: held by another turn of the user, `{:error,
+  :turn_in_flight}`, by a click `{:error, :click_in_flight}`.
 
       :ok = Locks.acquire(chat, user, "turn-1", 120)
       {:error, :conversation_busy} = Locks.acquire(chat, other_user, "turn-2", 120)
@@ -101,8 +98,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   Whether the chat's lock is `turn_ref`'s and no older than `ttl_s` seconds
-  (by the database's clock): the turn may still be running, on this node or
-  another, and nobody can take its lock over yet.
+  (by the database's clock): the turn may still run, and nobody can take it over.
   """
   @spec fresh?(String.t(), String.t(), pos_integer()) :: boolean()
   def fresh?(conversation_uuid, turn_ref, ttl_s) do
@@ -118,9 +114,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
     do: run(:held?, binding(), turn!(conversation_uuid, user_uuid, turn_ref))
 
   @doc """
-  Dates the user's lock of `ref` as if taken now (with the `ttl_s` and
-  `hold_s` of `acquire_user/4`), while `ref` still holds it, so a click that
-  runs longer than its hold keeps turns out. `true` when `ref` held it.
+  Dates the user's lock of `ref` as `acquire_user/4` does, from now, while
+  `ref` still holds it: a click that outlasts its hold keeps turns out. `true`
+  when `ref` held it.
   """
   @spec keep_user(String.t(), String.t(), pos_integer(), pos_integer()) :: boolean()
   def keep_user(user_uuid, ref, ttl_s, hold_s),
@@ -139,8 +135,6 @@ defmodule PhoenixKitAgent.Turns.Locks do
   is still `turn_ref`'s and older than `ttl_s` seconds (the database's clock).
   The user's lock goes too, if `turn_ref` still holds it. `true` when this
   call released them, so of several callers at most one gets `true`.
-
-      false = Locks.release_stale(chat, user, "turn-1", 120)  # still fresh, or not turn-1's
   """
   @spec release_stale(String.t(), String.t(), String.t(), pos_integer()) :: boolean()
   def release_stale(conversation_uuid, user_uuid, turn_ref, ttl_s) do
@@ -298,9 +292,8 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   @doc """
   What the library is doing: `:pool` (`:size`, `:running`, `:waiting`,
-  `:connections`, `:idle`), and by function the `:calls` of each outcome and
-  their `:latency` (`:p50_us`, `:p99_us`, `:max_us`) since the VM started
-  (guides/operating.md, "Observability"). Raises `:not_started` without a pool.
+  `:connections`, `:idle`), and by function since the VM started, the `:calls`
+  of each outcome and their `:latency` (guides/operating.md, "Observability").
   """
   @spec status() :: %{pool: map(), calls: map(), latency: map()}
   def status, do: Map.put(Observe.counts(), :pool, Native.status())
@@ -424,16 +417,13 @@ defmodule PhoenixKitAgent.Turns.Locks do
   defp ref!(name, value) do
     %{max_ref_bytes: max} = rules()
 
-    cond do
-      not is_binary(value) or byte_size(value) not in 1..max ->
-        bad!(name, "a string of 1 to #{max} bytes", value)
+    unless is_binary(value) and byte_size(value) in 1..max,
+      do: bad!(name, "a string of 1 to #{max} bytes", value)
 
-      String.valid?(value) and not String.contains?(value, <<0>>) ->
-        value
+    unless String.valid?(value) and not String.contains?(value, <<0>>),
+      do: bad!(name, "valid UTF-8 without NUL bytes", value)
 
-      true ->
-        bad!(name, "valid UTF-8 without NUL bytes", value)
-    end
+    value
   end
 
   defp ttl!(value, name \\ :ttl_s) do

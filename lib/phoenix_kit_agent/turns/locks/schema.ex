@@ -1,9 +1,8 @@
 defmodule PhoenixKitAgent.Turns.Locks.Schema do
   @moduledoc """
   The tables the locks live in, as idempotent DDL of two kinds: `:tables`
-  creates `phoenix_kit_agent_conversations` and `phoenix_kit_agent_user_settings`
-  (the file `priv/schema.sql`); `:lock_columns` only adds `busy_since` /
-  `busy_turn_ref` and the unique index on `user_uuid` to tables a host already has.
+  creates both (`priv/schema.sql`); `:lock_columns` only adds `busy_since` /
+  `busy_turn_ref` and the unique index on `user_uuid` to tables a host has.
   """
 
   alias PhoenixKitAgent.Turns.Locks.{Config, Native}
