@@ -37,11 +37,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Native do
   # for the repo mode's); a lock call (call.rs: its stamp in monotonic ns, the
   # Locks function, its checked args), the queue's leave/0, status/0; and
   # testing: :sandbox (native/locks_nif/src/repo.rs, run by Locks.Sandbox).
-  @nifs [start: 1, stop: 0, rules: 0, ddl: 2, setup: 1, fence_sql: 0, repo_fence_sql: 0] ++
-          [enter: 3, run: 3, leave: 0, status: 0, functions: 0] ++
-          [repo_start: 1, repo_step: 2, repo_columns: 1, repo_answer: 3]
+  # Not named @nifs: Elixir 1.18 passes that attribute to the VM as the
+  # module's list of NIFs, and OTP 27 then refuses one missing from it.
+  @stubs [start: 1, stop: 0, rules: 0, ddl: 2, setup: 1, fence_sql: 0, repo_fence_sql: 0] ++
+           [enter: 3, run: 3, leave: 0, status: 0, functions: 0] ++
+           [repo_start: 1, repo_step: 2, repo_columns: 1, repo_answer: 3]
 
-  for {name, arity} <- @nifs do
+  for {name, arity} <- @stubs do
     args = for n <- 1..arity//1, do: Macro.var(:"_arg#{n}", __MODULE__)
     def unquote(name)(unquote_splicing(args)), do: :erlang.nif_error(not_loaded())
   end
