@@ -1,8 +1,8 @@
 defmodule Mix.Tasks.Compile.LocksNif do
   @shortdoc "Installs the locks NIF in priv/native: a prebuilt library, or a cargo build"
   @moduledoc """
-  Installs `priv/native/liblocks_nif.so`, prebuilt or built with cargo: see
-  README.md, "Install", and guides/installing-without-rust.md.
+  Installs `priv/native/liblocks_nif.so`, prebuilt or built with cargo
+  (README.md, "Install"; guides/installing-without-rust.md).
   """
 
   use Mix.Task.Compiler

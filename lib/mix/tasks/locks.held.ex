@@ -9,7 +9,7 @@ defmodule Mix.Tasks.Locks.Held do
       mix locks.held            # stale: older than 120 s
       mix locks.held --ttl 900  # the TTL your turns use
 
-  It starts the library alone, and stops an ordinary error with one line
+  It starts the library alone, and an ordinary error stops it with one line
   that says what to set or fix (guides/operating.md, "Schema and migrations").
   """
 

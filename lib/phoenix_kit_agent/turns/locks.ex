@@ -75,8 +75,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
   hold_s` seconds back, so a turn takes it over `hold_s` seconds after it
   was taken or last kept (`keep_user/4`), unless released.
 
-      click = Locks.click_ref()
-      :ok = Locks.acquire_user(user, click, 120, 30)
+      :ok = Locks.acquire_user(user, Locks.click_ref(), 120, 30)
       {:error, :click_in_flight} = Locks.acquire(chat, user, "turn-1", 120)
   """
   @spec acquire_user(String.t(), String.t(), pos_integer(), pos_integer()) ::
@@ -168,11 +167,9 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   Answers `{:ok, result}` (the turn ended holding its locks), `{:lost,
   result}` (it knows, or cannot tell, that it did not) or `acquire/4`'s
-  `{:error, reason}` without running `fun`. Raises
-  `PhoenixKitAgent.Turns.Locks.Error` as `acquire/4` does, and with
+  `{:error, reason}` without running `fun`. Raises as `acquire/4` does, or
   `:not_started` when the application is not running or stops during the
-  acquire (whatever was taken is released); it never exits because of the
-  library's processes.
+  acquire; it never exits because of the library's processes.
 
   Options: `:ttl_s` (required), the TTL every taker of these locks uses;
   `:lease_s`, how long the locks outlive their last renewal (1 to `ttl_s`,
@@ -211,7 +208,7 @@ defmodule PhoenixKitAgent.Turns.Locks do
 
   Keep it short: while it is open nobody writes the two rows, the turn's
   renewal included. The server ends one that stalls a lease after it went
-  idle (`lease_s:` in `opts`: the turn's, or 15 for a tuple; none under
+  idle (`lease_s:`, taken out of `opts`: the turn's, or 15 for a tuple; none under
   `testing: :sandbox`). The details: guides/fenced-writes.md.
 
       {:ok, message} = Locks.transaction(Repo, turn, fn -> Repo.insert!(message) end)
@@ -381,20 +378,17 @@ defmodule PhoenixKitAgent.Turns.Locks do
   # are made as one integer, a binary on the caller's heap (Base.decode16/2
   # makes an off-heap one, which the dirty scheduler must shrink and the VM
   # free across threads).
-  # The first digit is checked because String.to_integer/2 would take a sign.
-  defp uuid!(
-         name,
-         <<h, a::binary-7, ?-, b::binary-4, ?-, c::binary-4, ?-, d::binary-4, ?-, e::binary-12>> =
-           value
-       )
-       when h in ?0..?9 or h in ?a..?f or h in ?A..?F do
-    hex = <<h, a::binary, b::binary, c::binary, d::binary, e::binary>>
-    <<String.to_integer(hex, 16)::128>>
+  # The first digit is checked because String.to_integer/2 would take a sign;
+  # anything else (not a binary, not the pattern, not hex) fails a match or
+  # the parse.
+  defp uuid!(name, value) do
+    <<a::binary-8, ?-, b::binary-4, ?-, c::binary-4, ?-, d::binary-4, ?-, e::binary-12>> = value
+    <<first, _::binary>> = a
+    true = first in ?0..?9 or first in ?a..?f or first in ?A..?F
+    <<String.to_integer(a <> b <> c <> d <> e, 16)::128>>
   rescue
-    ArgumentError -> bad!(name, "a hyphenated UUID string", value)
+    _ in [MatchError, ArgumentError] -> bad!(name, "a hyphenated UUID string", value)
   end
-
-  defp uuid!(name, value), do: bad!(name, "a hyphenated UUID string", value)
 
   defp turn_ref!(value) do
     if click_ref?(value), do: bad!(:turn_ref, "a turn's ref, not a click's (click_ref/0)", value)

@@ -207,9 +207,9 @@ impl Connector {
         .map_err(|e| e.to_string())?;
         // Non-blocking already (tokio's): set again, so that a peek never waits.
         probe.set_nonblocking(true).map_err(|e| e.to_string())?;
-        let login = self.login.connect_raw(socket, tls).await;
+        let connected = self.login.connect_raw(socket, tls).await;
         let (client, connection) =
-            login.map_err(|e| format!("{}{}", describe(&e), tls::hint(&e)))?;
+            connected.map_err(|e| format!("{}{}", describe(&e), tls::hint(&e)))?;
         let now = Instant::now();
         let conn = Conn {
             client,

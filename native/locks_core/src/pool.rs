@@ -172,13 +172,18 @@ impl LockPool {
                     return Err(Error::NotStarted);
                 }
                 let idle = conns.idle.pop();
-                conns.open += usize::from(idle.is_none());
+                if idle.is_none() {
+                    conns.open += 1;
+                }
                 idle
             };
             let Some(pooled) = idle else {
                 // Counted open above; uncounted if it fails.
                 let opened = Pooled::open(&self.connector, deadline);
-                return opened.inspect_err(|_| self.conns().open -= 1);
+                if opened.is_err() {
+                    self.conns().open -= 1;
+                }
+                return opened;
             };
             if !pooled.conn.quiet() {
                 pooled.runtime.block_on(catch_up());

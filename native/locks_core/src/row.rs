@@ -61,7 +61,7 @@ impl Row for Vec<Value> {
     fn bool(&self, i: usize) -> Result<bool> {
         let yes =
             cell(self, i, "boolean", |v| if let Value::Bool(b) = v { Some(*b) } else { None });
-        yes?.ok_or_else(|| Error::unexpected(format!("column {i} is Null, not a boolean")))
+        yes?.ok_or_else(|| not_a("boolean", i, &Value::Null))
     }
 
     fn text(&self, i: usize) -> Result<Option<&str>> {
@@ -88,10 +88,13 @@ fn cell<'a, T>(
     match row.get(i) {
         None => Err(Error::unexpected(format!("no column {i}"))),
         Some(Value::Null) => Ok(None),
-        Some(value) => pick(value)
-            .map(Some)
-            .ok_or_else(|| Error::unexpected(format!("column {i} is {value:?}, not a {expected}"))),
+        Some(value) => pick(value).map(Some).ok_or_else(|| not_a(expected, i, value)),
     }
+}
+
+/// Column `i` holds `value`, which is not an `expected`.
+fn not_a(expected: &str, i: usize, value: &Value) -> Error {
+    Error::unexpected(format!("column {i} is {value:?}, not a {expected}"))
 }
 
 /// The only row of a statement that returns exactly one.

@@ -45,6 +45,11 @@ defmodule PhoenixKitAgent.Turns.DocsTest do
   test "the README's error table lists each reason of Locks.Error once" do
     reasons = Locks.Error.reasons()
 
+    # The type is made from the same list.
+    {:ok, types} = Code.Typespec.fetch_types(Locks.Error)
+    [union] = for {:type, {:reason, {:type, _, :union, atoms}, []}} <- types, do: atoms
+    assert for({:atom, _, reason} <- union, do: reason) == reasons
+
     listed =
       for "`:" <> rest <- column(@readme, "reason"), do: String.to_atom(String.trim(rest, "`"))
 

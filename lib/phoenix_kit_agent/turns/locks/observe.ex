@@ -14,7 +14,9 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @buckets 27
   @size length(@outcomes) + @buckets
 
-  @counters {__MODULE__, :counters}
+  # Keyed by the layout: a recompile that changes it makes new counters
+  # (at the next start) rather than misreading the VM's old ones.
+  @counters {__MODULE__, :counters, @outcomes}
   @telemetry {__MODULE__, :telemetry}
 
   # Each function's counters, made once per VM (status/0 counts since it

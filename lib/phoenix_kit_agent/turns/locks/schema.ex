@@ -1,7 +1,7 @@
 defmodule PhoenixKitAgent.Turns.Locks.Schema do
   @moduledoc """
   The tables the locks live in, as idempotent DDL of two kinds: `:tables`
-  creates both (`priv/schema.sql`); `:lock_columns` only adds `busy_since` /
+  creates both tables (`priv/schema.sql`); `:lock_columns` only adds `busy_since` /
   `busy_turn_ref` and the unique index on `user_uuid` to tables a host has.
   """
 
