@@ -66,17 +66,23 @@ defmodule PhoenixKitAgent.Turns.Robustness.FailoverTest do
 
   defp endpoints(%{a: a, b: b}), do: [{"127.0.0.1", b.port}, {"127.0.0.1", a.port}]
 
+  # A node on both servers, the standby (B) listed first, whose pool took a
+  # lock ("before") on the primary (A), its one connection there; and a
+  # second chat and user, free.
+  defp locked_on_primary!(%{a: a} = pair) do
+    [chat, chat2] = TestDB.insert_chats!(2, a.url)
+    {user, user2} = {TestDB.uuid(), TestDB.uuid()}
+    {node, app} = start_node(endpoints: endpoints(pair), target_server_type: :primary)
+    assert call(node, :acquire, [chat, user, "before", 600]) == {:ok, :ok}
+    assert Replica.connections(a.url, app) == 1
+    {node, app, {chat, user}, {chat2, user2}}
+  end
+
   test "after the primary stops and the standby is promoted, calls answer again within the " <>
          "bound, the lock taken before is still held, no call answers :statement, and the old " <>
          "primary back as a standby is passed over",
        %{pair: %{a: a, b: b} = pair} do
-    [chat, chat2] = TestDB.insert_chats!(2, a.url)
-    {user, user2} = {TestDB.uuid(), TestDB.uuid()}
-    {node, app} = start_node(endpoints: endpoints(pair), target_server_type: :primary)
-
-    # The standby is listed first, and passed over: the lock is taken on the primary.
-    assert call(node, :acquire, [chat, user, "before", 600]) == {:ok, :ok}
-    assert Replica.connections(a.url, app) == 1
+    {node, app, {chat, user}, {chat2, user2}} = locked_on_primary!(pair)
     assert Replica.connections(b.url, app) == 0
 
     # What the standby has not replayed, the failover loses (asynchronous replication).
@@ -143,11 +149,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.FailoverTest do
   test "a connection whose server turns read-only (25006) is closed, not reused, and the call " <>
          "goes on to the new primary within its deadline",
        %{pair: %{a: a, b: b} = pair} do
-    [chat, chat2] = TestDB.insert_chats!(2, a.url)
-    {user, user2} = {TestDB.uuid(), TestDB.uuid()}
-    {node, app} = start_node(endpoints: endpoints(pair), target_server_type: :primary)
-    assert call(node, :acquire, [chat, user, "before", 600]) == {:ok, :ok}
-    assert Replica.connections(a.url, app) == 1
+    {node, app, {chat, user}, {chat2, user2}} = locked_on_primary!(pair)
 
     # The old primary is fenced read-only, as some failovers do, and keeps its
     # connections; the standby is promoted.
