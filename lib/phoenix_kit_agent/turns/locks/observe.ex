@@ -15,8 +15,10 @@ defmodule PhoenixKitAgent.Turns.Locks.Observe do
   @size length(@outcomes) + @buckets
 
   # Keyed by the layout: a recompile that changes it makes new counters
-  # (at the next start) rather than misreading the VM's old ones.
-  @counters {__MODULE__, :counters, @outcomes}
+  # (at the next start) rather than misreading the VM's old ones. The layout
+  # as a hash made at compile time: every call looks the key up, and a term
+  # key is hashed at each lookup.
+  @counters {__MODULE__, :counters, :erlang.phash2(@outcomes)}
   @telemetry {__MODULE__, :telemetry}
 
   # Each function's counters, made once per VM (status/0 counts since it
