@@ -313,8 +313,13 @@ defmodule PhoenixKitAgent.Turns.Locks.Robust.History do
   def take_over_count(events),
     do: Enum.count(events, &(&1.old_ref && &1.new_ref && &1.old_ref != &1.new_ref))
 
+  # A row held past the row wait (a chain of waits under contention) is a
+  # documented answer, not a fault: the other checks prove it changed
+  # nothing, since only :ok answers may take, free or re-date a lock.
   defp raised(records) do
-    for {op, args, _, _, {:raised, e}} <- records, do: {:raised, {op, args, e}}
+    for {op, args, _, _, {:raised, e}} <- records,
+        not match?(%PhoenixKitAgent.Turns.Locks.Error{reason: :row_locked}, e),
+        do: {:raised, {op, args, e}}
   end
 
   # ref => the call that tried to take a lock under it (refs are never reused).

@@ -144,6 +144,18 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
                History.check([late | records], events ++ [freed])
     end
 
+    test "passes a release that raised :row_locked, unless the lock was freed" do
+      {records, events} = base(71 * @s)
+      error = %Locks.Error{reason: :row_locked, message: "held"}
+      late = {:release, {@chat, @user_b, "b"}, 75 * @s - 5, 75 * @s + 5, {:raised, error}}
+      assert History.check([late | records], events) == []
+
+      freed = ev(:chat, @chat, "b", nil, 71 * @s, nil, 75 * @s, 5)
+
+      assert [{:freed_by_no_release_of_its_ref, _}] =
+               History.check([late | records], events ++ [freed])
+    end
+
     test "reports a lock re-dated by a call that did not hold it" do
       {records, events} = base(71 * @s)
       redated = ev(:user, @user_b, "b", "b", 71 * @s, 75 * @s, 75 * @s, 6)
