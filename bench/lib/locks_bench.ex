@@ -46,7 +46,7 @@ defmodule LocksBench do
           {{round, w, n, side}, run_side(ctx, side, w, n)}
         end
 
-      report = report(ctx, results, loadavg())
+      report = report(ctx, results, busy(ctx.ticks_before, cpu_ticks()))
       IO.puts(report)
       File.write!(opts[:out], report)
       info("written to #{opts[:out]}")
@@ -60,7 +60,10 @@ defmodule LocksBench do
 
   defp setup(config, opts) do
     options = %{config | prefix: @schema, pool_size: opts[:pool_size] || config.pool_size}
-    load_before = loadavg()
+    # The machine's CPU in the second before the run, then over the run.
+    idle = cpu_ticks()
+    Process.sleep(1_000)
+    ticks_before = cpu_ticks()
     :ok = Native.start(options)
     :ok = Schema.setup!(:tables)
 
@@ -68,7 +71,8 @@ defmodule LocksBench do
       opts: Map.new(opts),
       options: options,
       pgbench: Psql.executable!("pgbench"),
-      load_before: load_before
+      busy_before: busy(idle, ticks_before),
+      ticks_before: ticks_before
     }
 
     {chats, users} =
@@ -238,7 +242,7 @@ defmodule LocksBench do
     end
   end
 
-  defp report(ctx, results, load_after) do
+  defp report(ctx, results, busy_during) do
     %{opts: opts, settings: s} = ctx
     figures = fn w, n, side, key -> for r <- 1..opts.rounds, do: results[{r, w, n, side}][key] end
 
@@ -282,7 +286,7 @@ defmodule LocksBench do
 
     * **when**: #{ctx.started}, library commit `#{commit()}`
     * **server**: PostgreSQL #{s["server_version"]}; fsync #{s["fsync"]}, synchronous_commit #{s["synchronous_commit"]}, full_page_writes #{s["full_page_writes"]}: #{if durable?, do: "durable (each commit waits for its WAL on disk)", else: "not durable (commits do not wait for the disk)"}
-    * **machine**: #{:erlang.system_info(:logical_processors)} logical processors, #{System.schedulers_online()} schedulers online, #{:erlang.system_info(:dirty_io_schedulers)} dirty-I/O schedulers; OTP #{:erlang.system_info(:otp_release)}, Elixir #{System.version()}; load average (1 min) #{ctx.load_before} before, #{load_after} after
+    * **machine**: #{:erlang.system_info(:logical_processors)} logical processors, #{System.schedulers_online()} schedulers online, #{:erlang.system_info(:dirty_io_schedulers)} dirty-I/O schedulers; OTP #{:erlang.system_info(:otp_release)}, Elixir #{System.version()}; CPU busy #{ctx.busy_before} in the second before the run, #{busy_during} over it (all processors; waiting on the disk counts as idle)
     * **clients**: the library, pool_size #{ctx.options.pool_size}; #{peer_line}; pgbench -M prepared -c N -j N
     * **method**: #{opts.rounds} round(s); in each, every point (a workload at N callers) runs #{Enum.map_join(ctx.sides, ", then ", &side_name/1)}, each from the same state (locks freed, tables vacuumed), #{opts.warmup} ms untimed, then #{opts.duration} s timed. Median (min–max) over the rounds. CPU: the VM's (every BEAM thread's utime + stime, /proc/self/task/*/stat) over the timed part, per statement. Ratios: round by round, then median (min–max).
 
@@ -311,12 +315,24 @@ defmodule LocksBench do
     _ -> "unknown"
   end
 
-  defp loadavg do
-    case File.read("/proc/loadavg") do
-      {:ok, text} -> text |> String.split() |> hd()
-      _ -> "?"
+  # {busy, total} clock ticks of all processors since boot (/proc/stat's
+  # first eight: user nice system idle iowait irq softirq steal). I/O wait
+  # is idle: a durable server's fsyncs leave the CPUs free (the load average
+  # counts them, and read 11 on an idle 2-core machine after a run).
+  defp cpu_ticks do
+    with {:ok, text} <- File.read("/proc/stat"),
+         ["cpu" | fields] <- text |> String.split("\n", parts: 2) |> hd() |> String.split(),
+         [_, _, _, idle, iowait, _, _, _] = eight <- Enum.take(fields, 8) do
+      ticks = Enum.map(eight, &String.to_integer/1)
+      total = Enum.sum(ticks)
+      {total - String.to_integer(idle) - String.to_integer(iowait), total}
+    else
+      _ -> nil
     end
   end
+
+  defp busy({b0, t0}, {b1, t1}) when t1 > t0, do: "#{round(100 * (b1 - b0) / (t1 - t0))} %"
+  defp busy(_, _), do: "?"
 
   defp info(text), do: IO.puts(:stderr, "locks.bench: " <> text)
 end
