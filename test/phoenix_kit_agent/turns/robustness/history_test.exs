@@ -48,7 +48,7 @@ defmodule PhoenixKitAgent.Turns.Robustness.HistoryTest do
 
       # The run exercised what it checks: take-overs happened by themselves,
       # held? and release_stale/4 answered both ways, clicks got in.
-      answers = Enum.frequencies_by(records, fn {op, _, _, _, {:ok, a}} -> {op, a} end)
+      answers = Enum.frequencies(for {op, _, _, _, {:ok, a}} <- records, do: {op, a})
       seen = &Map.get(answers, &1, 0)
       assert History.take_over_count(events) > 0
 
