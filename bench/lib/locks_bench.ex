@@ -61,7 +61,7 @@ defmodule LocksBench do
   defp setup(config, opts) do
     options = %{config | prefix: @schema, pool_size: opts[:pool_size] || config.pool_size}
     # The machine's CPU in the second before the run, then over the run.
-    idle = cpu_ticks()
+    second_ago = cpu_ticks()
     Process.sleep(1_000)
     ticks_before = cpu_ticks()
     :ok = Native.start(options)
@@ -71,7 +71,7 @@ defmodule LocksBench do
       opts: Map.new(opts),
       options: options,
       pgbench: Psql.executable!("pgbench"),
-      busy_before: busy(idle, ticks_before),
+      busy_before: busy(second_ago, ticks_before),
       ticks_before: ticks_before
     }
 
@@ -322,10 +322,10 @@ defmodule LocksBench do
   defp cpu_ticks do
     with {:ok, text} <- File.read("/proc/stat"),
          ["cpu" | fields] <- text |> String.split("\n", parts: 2) |> hd() |> String.split(),
-         [_, _, _, idle, iowait, _, _, _] = eight <- Enum.take(fields, 8) do
-      ticks = Enum.map(eight, &String.to_integer/1)
+         [_, _, _, idle, iowait, _, _, _] = ticks <-
+           fields |> Enum.take(8) |> Enum.map(&String.to_integer/1) do
       total = Enum.sum(ticks)
-      {total - String.to_integer(idle) - String.to_integer(iowait), total}
+      {total - idle - iowait, total}
     else
       _ -> nil
     end
